@@ -1,0 +1,27 @@
+# Two commands: `make suggest` runs the main job, `make test` runs the whole suite.
+# Each creates its own virtual environment on first use.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: suggest test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,validate]'
+	touch $(STAMP)
+
+suggest: $(STAMP)
+	$(BIN)/planner suggest --model 1T --chips 1024
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/published_runs.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

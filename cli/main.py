@@ -1,0 +1,45 @@
+"""The `planner` command: parses, calls one function, renders. Bad input -> one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from hardware.errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Performance simulator and auto-parallel planner for LLM training.")
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit with code 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _register() -> None:
+    """Attach the command groups (each module adds its commands to `app`)."""
+    from cli import catalog_cmds  # noqa: F401
+
+
+def main() -> None:
+    _register()
+    try:
+        app(standalone_mode=False)
+    except InputError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as e:  # click usage errors and the like
+        import click
+
+        if isinstance(e, click.exceptions.NoArgsIsHelpError):
+            sys.exit(0)
+        if isinstance(e, click.ClickException):
+            typer.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(2)
+        raise

@@ -1,0 +1,158 @@
+"""Model description: a decoder-only transformer (dense or MoE, MHA/GQA/MQA or MLA) and its parameter counts.
+
+Field names are the model YAML's (users and other tools write them). Zero means "not set / default" for
+the optional integer fields, so that a YAML file only lists what differs from a plain decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hardware.errors import InputError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    ffn_dim: int
+    vocab_size: int
+    n_kv_heads: int = 0  # 0 -> n_heads (MHA); 1 = MQA; otherwise GQA groups
+    head_dim: int = 0  # 0 -> d_model / n_heads (must divide)
+    gated_mlp: bool = True  # SwiGLU/GeGLU 3-matrix MLP; false = 2-matrix GeLU/ReLU
+    tied_embeddings: bool = False
+    n_experts: int = 0  # 0 = dense
+    experts_per_token: int = 0
+    moe_ffn_dim: int = 0  # 0 -> ffn_dim
+    n_dense_layers: int = 0  # leading dense layers of a MoE model
+    n_shared_experts: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3); all 0 = ordinary attention.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"model {self.name!r}"
+        for f in ("n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size"):
+            if getattr(self, f) <= 0:
+                raise InputError(f"{where}: field {f!r} must be a positive integer, got {getattr(self, f)}")
+        for f in ("n_kv_heads", "head_dim", "n_experts", "experts_per_token", "moe_ffn_dim", "n_dense_layers",
+                  "n_shared_experts", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, f) < 0:
+                raise InputError(f"{where}: field {f!r} must be >= 0, got {getattr(self, f)}")
+        if self.n_kv_heads == 0:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.head_dim == 0:
+            if self.d_model % self.n_heads:
+                raise InputError(f"{where}: field 'n_heads' ({self.n_heads}) must divide d_model "
+                                 f"({self.d_model}) when head_dim is not given")
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise InputError(f"{where}: field 'n_kv_heads' ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.n_experts:
+            if not 1 <= self.experts_per_token <= self.n_experts:
+                raise InputError(f"{where}: field 'experts_per_token' must be in 1..n_experts ({self.n_experts}), "
+                                 f"got {self.experts_per_token}")
+            if self.moe_ffn_dim == 0:
+                object.__setattr__(self, "moe_ffn_dim", self.ffn_dim)
+            if self.n_dense_layers > self.n_layers:
+                raise InputError(f"{where}: field 'n_dense_layers' must be <= n_layers ({self.n_layers})")
+        elif self.experts_per_token or self.n_shared_experts or self.n_dense_layers:
+            raise InputError(f"{where}: MoE fields (experts_per_token, n_shared_experts, n_dense_layers) "
+                             "need n_experts > 0")
+        if self.is_mla and self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim - self.qk_rope_head_dim)
+
+    # ---- shape helpers -------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers if self.is_moe else 0
+
+    @property
+    def n_dense_mlp_layers(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads (n_heads * head_dim)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key heads (= value heads for non-MLA)."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of the attention context fed to the output projection."""
+        return self.n_heads * (self.v_head_dim if self.is_mla else self.head_dim)
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices per MLP: 3 for gated (SwiGLU), 2 for plain."""
+        return 3 if self.gated_mlp else 2
+
+    # ---- parameter counts -------------------------------------------------------------------------
+    def attn_params(self) -> int:
+        """Attention weights of one layer (no biases)."""
+        d, h = self.d_model, self.n_heads
+        if not self.is_mla:
+            return d * self.q_dim + 2 * d * self.kv_dim + self.q_dim * d
+        qk_head = self.head_dim  # nope + rope part
+        q = (d * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * h * qk_head) if self.q_lora_rank \
+            else d * h * qk_head
+        kv = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank \
+            + self.kv_lora_rank * h * (qk_head - self.qk_rope_head_dim + self.v_head_dim)
+        return q + kv + h * self.v_head_dim * d
+
+    def dense_mlp_params(self) -> int:
+        return self.mlp_matrices * self.d_model * self.ffn_dim
+
+    def expert_params(self) -> int:
+        """One routed (or shared) expert's weights."""
+        return self.mlp_matrices * self.d_model * self.moe_ffn_dim
+
+    def moe_layer_params(self, active: bool = False) -> int:
+        """Router + experts of one MoE layer; `active` counts only the experts one token uses."""
+        routed = self.experts_per_token if active else self.n_experts
+        return self.d_model * self.n_experts + (routed + self.n_shared_experts) * self.expert_params()
+
+    def layer_norm_params(self) -> int:
+        return 2 * self.d_model
+
+    def embedding_params(self) -> int:
+        """Input embedding plus a separate output projection unless tied."""
+        return self.vocab_size * self.d_model * (1 if self.tied_embeddings else 2)
+
+    def total_params(self) -> int:
+        return self._params(active=False)
+
+    def active_params(self) -> int:
+        """Parameters one token touches (equals total_params for dense models)."""
+        return self._params(active=True)
+
+    def _params(self, active: bool) -> int:
+        per_layer = self.attn_params() + self.layer_norm_params()
+        body = self.n_layers * per_layer + self.n_dense_mlp_layers * self.dense_mlp_params()
+        if self.is_moe:
+            body += self.n_moe_layers * self.moe_layer_params(active)
+        return body + self.embedding_params() + self.d_model  # + final norm
+
+    def non_embedding_params(self) -> int:
+        return self.total_params() - self.embedding_params()
+
+    def with_layers(self, n_layers: int) -> ModelSpec:
+        return replace(self, n_layers=n_layers)

@@ -1,0 +1,159 @@
+"""Execution strategy: parallel degrees, micro-batching, rematerialisation and offload (frozen dataclasses).
+
+Mesh axes (MaxText names in brackets): dp [data], fsdp [fsdp], tp [tensor], cp [context], pp [stage],
+ep [expert]. The batch is sharded over dp * fsdp * ep; one micro-batch of `micro_batch` sequences is shared
+by the tp * cp * pp chips of a model replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from hardware.errors import InputError, unknown
+
+AXES = ("dp", "fsdp", "tp", "cp", "pp", "ep")
+# Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
+AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
+
+# The tensors of one layer whose fate remat decides (MaxText checkpoint names in brackets).
+TENSORS = ("layer_input", "qkv_proj", "context", "out_proj", "mlp_in", "mlp_out")
+TENSOR_MAXTEXT_NAMES = {
+    "layer_input": ("decoder_layer_input",),
+    "qkv_proj": ("query_proj", "key_proj", "value_proj"),
+    "context": ("context",),
+    "out_proj": ("out_proj",),
+    "mlp_in": ("mlpwi_0", "mlpwi_1"),
+    "mlp_out": ("mlpwo",),
+}
+CHOICES = ("device", "remat", "offload")  # keep in HBM / recompute in backward / move to host memory
+
+
+@dataclass(frozen=True)
+class Remat:
+    """Per-tensor choice for each saved tensor of a layer. `name` is the policy it came from."""
+
+    layer_input: str = "device"
+    qkv_proj: str = "remat"
+    context: str = "remat"
+    out_proj: str = "remat"
+    mlp_in: str = "remat"
+    mlp_out: str = "remat"
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for t in TENSORS:
+            if getattr(self, t) not in CHOICES:
+                raise InputError(f"remat tensor {t!r}: expected one of {', '.join(CHOICES)}, got {getattr(self, t)!r}")
+
+    def choices(self) -> dict[str, str]:
+        return {t: getattr(self, t) for t in TENSORS}
+
+    def count(self, choice: str) -> int:
+        return sum(1 for t in TENSORS if getattr(self, t) == choice)
+
+    def summary(self) -> str:
+        if self.name != "custom":
+            return self.name
+        parts = [f"{t}={c}" for t, c in self.choices().items() if c != "remat" and t != "layer_input"]
+        if self.layer_input != "device":
+            parts.insert(0, f"layer_input={self.layer_input}")
+        return "custom(" + ",".join(parts) + ")" if parts else "full"
+
+
+def _policy(name: str, **kw: str) -> Remat:
+    return Remat(name=name, **kw)
+
+
+_SAVE_ALL = dict(qkv_proj="device", context="device", out_proj="device", mlp_in="device", mlp_out="device")
+# Named policies: MaxText 0.2.5 `remat_policy` names (layers/decoders.py) and Megatron's none/selective/full.
+REMAT_POLICIES: dict[str, Remat] = {
+    "none": _policy("none", **_SAVE_ALL),
+    # Megatron selective: core attention (scores, softmax, context) recomputed, all projections kept.
+    "selective": _policy("selective", **{**_SAVE_ALL, "context": "remat"}),
+    "full": _policy("full"),
+    # MaxText `minimal`: all matmul outputs without batch dims saved; attention context recomputed.
+    "minimal": _policy("minimal", **{**_SAVE_ALL, "context": "remat"}),
+    "minimal_with_context": _policy("minimal_with_context", **_SAVE_ALL),
+    "save_dot_with_context_except_mlp": _policy("save_dot_with_context_except_mlp", qkv_proj="device",
+                                                context="device", out_proj="device"),
+    "save_dot_except_mlpwi": _policy("save_dot_except_mlpwi", qkv_proj="device", out_proj="device",
+                                     mlp_out="device"),
+    "save_dot_except_mlp": _policy("save_dot_except_mlp", qkv_proj="device", out_proj="device"),
+    "save_qkv_proj": _policy("save_qkv_proj", qkv_proj="device"),
+    "save_out_proj": _policy("save_out_proj", out_proj="device"),
+    "qkv_proj_offloaded": _policy("qkv_proj_offloaded", qkv_proj="offload"),
+    "minimal_offloaded": _policy("minimal_offloaded", qkv_proj="offload", out_proj="offload", mlp_in="offload",
+                                 mlp_out="offload"),
+}
+
+
+def remat_policy(name: str) -> Remat:
+    """A named policy (none, selective, full, or a MaxText remat_policy name)."""
+    if name not in REMAT_POLICIES:
+        raise unknown("remat policy", name, REMAT_POLICIES)
+    return REMAT_POLICIES[name]
+
+
+def parse_remat(text: str) -> Remat:
+    """A policy name, or 'custom:tensor=choice,...' (unlisted tensors: layer_input=device, others remat).
+
+    Tensor names may be ours (qkv_proj, mlp_in, ...) or MaxText's (query_proj, mlpwi_0, decoder_layer_input ...).
+    """
+    if not text.startswith("custom"):
+        return remat_policy(text)
+    spec = text.partition(":")[2]
+    by_maxtext = {mt: ours for ours, names in TENSOR_MAXTEXT_NAMES.items() for mt in names}
+    by_maxtext["mlpwi"] = "mlp_in"
+    by_maxtext["qkv_proj"] = "qkv_proj"
+    kw: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, _, val = item.partition("=")
+        tensor = key if key in TENSORS else by_maxtext.get(key)
+        if tensor is None:
+            raise unknown("remat tensor", key, list(TENSORS) + list(by_maxtext))
+        val = {"recompute": "remat", "save": "device"}.get(val, val)
+        kw[tensor] = val
+    return Remat(name="custom", **kw)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An explicit parallel plan for `chips` chips in `slices` TPU slices (GPU jobs: slices = 1)."""
+
+    dp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    ep: int = 1
+    vpp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
+    micro_batch: int = 1  # sequences per micro-step per model replica (one batch shard)
+    zero: int = 0  # optimizer(1)/+grad(2)/+param(3) sharding over the dp axis; the fsdp axis is always ZeRO-3
+    sequence_parallel: bool = True  # Megatron-style SP on the tp axis (reduce-scatter/all-gather, sharded norms)
+    remat: Remat = field(default_factory=lambda: REMAT_POLICIES["full"])
+    offload_optimizer: bool = False  # optimizer state (and its update) on host memory
+    offload_params: bool = False  # master parameters on host memory, streamed in per step
+    slices: int = 1  # TPU slices over DCN
+
+    def __post_init__(self) -> None:
+        for name in (*AXES, "vpp", "micro_batch", "slices"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"plan field {name!r}: expected a positive integer, got {v!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise InputError(f"plan field 'zero': expected 0, 1, 2 or 3, got {self.zero!r}")
+
+    @property
+    def chips(self) -> int:
+        return self.dp * self.fsdp * self.tp * self.cp * self.pp * self.ep
+
+    @property
+    def batch_shards(self) -> int:
+        """How many ways the batch is split: dp * fsdp * ep."""
+        return self.dp * self.fsdp * self.ep
+
+    def degrees(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in AXES}
+
+    def with_(self, **kw) -> Plan:
+        return replace(self, **kw)
