@@ -65,6 +65,13 @@ class ModelSpec:
         elif self.experts_per_token or self.n_shared_experts or self.n_dense_layers:
             raise InputError(f"{where}: MoE fields (experts_per_token, n_shared_experts, n_dense_layers) "
                              "need n_experts > 0")
+        for f in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, f) and not self.is_mla:
+                raise InputError(f"{where}: field {f!r} is a multi-head latent attention field and needs "
+                                 "kv_lora_rank > 0")
+        if self.is_mla and self.qk_rope_head_dim >= self.head_dim:
+            raise InputError(f"{where}: field 'qk_rope_head_dim' ({self.qk_rope_head_dim}) must be smaller than "
+                             f"head_dim ({self.head_dim}, the no-RoPE + RoPE query/key head size)")
         if self.is_mla and self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim - self.qk_rope_head_dim)
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
-from hardware.chip import Chip
+from hardware.chip import Chip, Efficiency
 from hardware.errors import InputError, unknown
 from hardware.yamlio import build, read_yaml
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+CALIBRATION_DIR = Path(__file__).parent / "calibration"
 
 
 def preset_names() -> list[str]:
@@ -43,4 +45,15 @@ def load_hardware(name_or_path: str) -> Chip:
         return _load_file(str(Path(name_or_path).resolve()))
     if name_or_path not in preset_names():
         raise unknown("hardware", name_or_path, preset_names())
-    return _load_file(str(PROFILE_DIR / f"{name_or_path}.yaml"))
+    return with_calibration(_load_file(str(PROFILE_DIR / f"{name_or_path}.yaml")))
+
+
+@cache
+def with_calibration(chip: Chip) -> Chip:
+    """Apply the fitted efficiency overlay (hardware/calibration/NAME.yaml) when one exists."""
+    path = CALIBRATION_DIR / f"{chip.name}.yaml"
+    if not path.is_file():
+        return chip
+    data = read_yaml(path)
+    eff = build(Efficiency, data.get("eff", {}), path.name + ".eff")
+    return replace(chip, eff=eff)

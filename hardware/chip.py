@@ -19,19 +19,24 @@ class Efficiency:
     matmul_peak:     fraction of peak FLOP/s a large, well-shaped matmul reaches.
     matmul_half_dim: per-chip matmul dimension (elements) at which matmul efficiency halves;
                      eff(d) = matmul_peak * d / (d + matmul_half_dim) for the smallest dim d.
+    attention:       fraction of matmul_peak that fused (flash) attention reaches on its score/context matmuls.
     hbm:             fraction of HBM bandwidth reached by memory-bound ops (norms, activations, optimizer).
     link:            fraction of scale-up link bandwidth (ICI / NVLink) reached by collectives.
     net:             fraction of scale-out bandwidth (DCN / InfiniBand) reached by collectives.
-    overlap:         fraction of overlappable communication that compute hides.
+    overlap:         fraction of overlappable communication (fsdp/dp/cp/offload) that compute hides.
+    tp_overlap:      fraction of tensor-parallel activation collectives hidden behind the layer's matmuls
+                     (0 for Megatron-2021-style blocking all-reduces; XLA's async collective matmuls hide most).
     step_overhead_s: fixed per-step time (launch, data loading, logging).
     """
 
     matmul_peak: float = 0.75
     matmul_half_dim: float = 64.0
+    attention: float = 0.7
     hbm: float = 0.8
     link: float = 0.8
     net: float = 0.7
     overlap: float = 0.85
+    tp_overlap: float = 0.0
     step_overhead_s: float = 0.0
 
 

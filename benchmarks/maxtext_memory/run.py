@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Ground-truth per-chip HBM figures from MaxText's ahead-of-time TPU compile.
+
+For each configuration below this runs MaxText 0.2.5's real training step through
+``python -m maxtext.trainers.pre_train.train_compile`` (XLA:TPU via libtpu, compiled on
+the CPU host for a fake ``compile_topology``), parses the ``Memory analysis:
+CompiledMemoryStats(...)`` line it prints and appends one row to ``results.csv``.
+
+Run it with the Python of the MaxText environment (see ``requirements.txt`` and
+``Makefile.inc``)::
+
+    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py            # all missing configs
+    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --only l2-7b_v5p8_b1_s2048_full
+    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --list
+    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --models-only  # just models.csv
+
+Configs whose id already has an ``ok`` row in results.csv are skipped (resumable);
+failed rows are retried (and replaced). Compiles run one at a time. MaxText's own logs
+and output directory go to ``$MAXTEXT_OUT`` (default /work/maxtext-out), never the repo.
+
+total_bytes_per_chip = argument + output - alias + temp  (device HBM only; this is the
+usual XLA peak-footprint formula, and MaxText's buffer donation makes output ~= alias, so
+it is ~= argument + temp). generated_code and host_* bytes are reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.metadata
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results.csv"
+MODELS_CSV = HERE / "models.csv"
+OUT_DIR = Path(os.environ.get("MAXTEXT_OUT", "/work/maxtext-out"))
+
+COLUMNS = [
+    "id", "model_name", "topology", "chips", "ici_fsdp", "ici_tensor", "ici_context",
+    "per_device_batch_size", "max_target_length", "remat_policy", "extra_args",
+    "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "total_bytes_per_chip",
+    "compile_seconds", "maxtext_version", "libtpu_version",
+    # extra columns (not in the original brief) -----------------------------------
+    "generated_code_bytes", "host_argument_bytes", "host_output_bytes", "host_alias_bytes",
+    "host_temp_bytes", "total_gib_per_chip", "flops_per_chip", "jax_version", "peak_rss_mb",
+    "status", "error",
+]
+
+
+@dataclass
+class Config:
+    id: str
+    model: str
+    topology: str
+    batch: int
+    seq: int
+    remat: str = "full"
+    fsdp: int = -1
+    tensor: int = 1
+    context: int = 1
+    extra: dict = field(default_factory=dict)
+
+
+# Ordered by value: the first ones are cheap and give the cleanest deltas.
+CONFIGS: list[Config] = [
+    # llama2-7b on 4 chips: batch / seq / remat sweeps on one mesh
+    Config("l2-7b_v5p8_b1_s2048_full", "llama2-7b", "v5p-8", 1, 2048, "full"),
+    Config("l2-7b_v5p8_b2_s2048_full", "llama2-7b", "v5p-8", 2, 2048, "full"),
+    Config("l2-7b_v5p8_b1_s2048_minimal", "llama2-7b", "v5p-8", 1, 2048, "minimal"),
+    Config("l2-7b_v5p8_b1_s2048_savedotexceptmlp", "llama2-7b", "v5p-8", 1, 2048, "save_dot_except_mlp"),
+    Config("l2-7b_v5p8_b4_s2048_qkvoffload", "llama2-7b", "v5p-8", 4, 2048, "qkv_proj_offloaded"),
+    # llama3-8b on v6e-8: long sequence, TP, context parallel
+    Config("l3-8b_v6e8_b1_s8192_full", "llama3-8b", "v6e-8", 1, 8192, "full"),
+    Config("l3-8b_v6e8_b2_s4096_saveqkv_tp2", "llama3-8b", "v6e-8", 2, 4096, "save_qkv_proj", tensor=2),
+    Config("l3-8b_v6e8_b1_s8192_full_cp2", "llama3-8b", "v6e-8", 1, 8192, "full", context=2),
+    # 70B class on 64 chips
+    Config("l2-70b_v5p128_b1_s4096_full", "llama2-70b", "v5p-128", 1, 4096, "full"),
+    Config("l2-70b_v5p128_b2_s4096_saveqkv", "llama2-70b", "v5p-128", 2, 4096, "save_qkv_proj"),
+    Config("l3-70b_v6e64_b1_s8192_full_tp4", "llama3-70b", "v6e-64", 1, 8192, "full", tensor=4),
+    # MoE and a GPT-3 style model
+    Config("mixtral-8x7b_v5p64_b1_s4096_full", "mixtral-8x7b", "v5p-64", 1, 4096, "full"),
+    Config("gpt3-6b_v6e16_b2_s2048_minimal", "gpt3-6b", "v6e-16", 2, 2048, "minimal"),
+    Config("l2-7b_v5p16_b4_s4096_full_tp2", "llama2-7b", "v5p-16", 4, 4096, "full", tensor=2),
+]
+
+MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
+FLOPS_RE = re.compile(r"'flops': ([0-9.eE+]+)")
+
+
+def maxtext_dir() -> Path:
+    import maxtext  # noqa: PLC0415  (only importable inside the MaxText env)
+
+    return Path(maxtext.__file__).resolve().parent
+
+
+def pkg_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def chips_for(topology: str, mt: Path) -> int:
+    spec = (mt / "utils" / "accelerator_to_spec_map.py").read_text()
+    m = re.search(r'"%s":\s*SystemCharacteristics\(([^)]*)\)' % re.escape(topology), spec)
+    if m:
+        # SystemCharacteristics(platform, topology_name, chip_config_name, chips_per_host_bounds,
+        #                       devices_per_slice, ...)
+        parts = [p.strip() for p in re.split(r",(?![^()]*\))", m.group(1))]
+        return int(parts[4])
+    gen, n = topology.split("-")
+    return int(n) // 2 if gen in ("v4", "v5p") else int(n)
+
+
+def parse_memory(text: str) -> dict[str, int] | None:
+    m = MEM_RE.findall(text)
+    if not m:
+        return None
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m[-1])}
+
+
+def read_rows() -> list[dict]:
+    if not RESULTS.exists():
+        return []
+    with RESULTS.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_rows(rows: list[dict]) -> None:
+    tmp = RESULTS.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    tmp.replace(RESULTS)
+
+
+def run_one(cfg: Config, mt: Path, timeout: int) -> dict:
+    log_dir = OUT_DIR / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    args = {
+        "compile_topology": cfg.topology,
+        "compile_topology_num_slices": 1,
+        "model_name": cfg.model,
+        "per_device_batch_size": cfg.batch,
+        "max_target_length": cfg.seq,
+        "ici_fsdp_parallelism": cfg.fsdp,
+        "ici_tensor_parallelism": cfg.tensor,
+        "ici_context_parallelism": cfg.context,
+        "remat_policy": cfg.remat,
+        "dataset_type": "synthetic",
+        "enable_checkpointing": "false",
+        "run_name": cfg.id,
+        "base_output_directory": str(OUT_DIR / "runs"),
+    }
+    args.update(cfg.extra)
+    cmd = [sys.executable, "-m", "maxtext.trainers.pre_train.train_compile", str(mt / "configs" / "base.yml")]
+    cmd += [f"{k}={v}" for k, v in args.items()]
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    log_path = log_dir / f"{cfg.id}.log"
+    t0 = time.time()
+    status, err, rss_kb = "ok", "", 0
+    with log_path.open("w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(OUT_DIR),
+                                start_new_session=True)
+        while True:  # os.wait4 gives this child's own peak RSS
+            pid, wstatus, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                rc, rss_kb = os.waitstatus_to_exitcode(wstatus), usage.ru_maxrss
+                proc.returncode = rc
+                break
+            if time.time() - t0 > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, wstatus, usage = os.wait4(proc.pid, 0)
+                proc.returncode = rc = -9
+                rss_kb, status, err = usage.ru_maxrss, "timeout", f"timeout after {timeout}s"
+                break
+            time.sleep(1)
+    secs = time.time() - t0
+    text = log_path.read_text(errors="replace")
+    mem = parse_memory(text)
+    if status == "ok" and (rc != 0 or mem is None):
+        status = "error"
+        tail = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("I1", "W1"))][-3:]
+        err = f"rc={rc}: " + " | ".join(tail)[-400:]
+    row = {
+        "id": cfg.id, "model_name": cfg.model, "topology": cfg.topology,
+        "chips": chips_for(cfg.topology, mt), "ici_fsdp": cfg.fsdp, "ici_tensor": cfg.tensor,
+        "ici_context": cfg.context, "per_device_batch_size": cfg.batch, "max_target_length": cfg.seq,
+        "remat_policy": cfg.remat, "extra_args": " ".join(f"{k}={v}" for k, v in cfg.extra.items()),
+        "compile_seconds": f"{secs:.1f}", "maxtext_version": pkg_version("maxtext"),
+        "libtpu_version": pkg_version("libtpu"), "jax_version": pkg_version("jax"),
+        "peak_rss_mb": f"{rss_kb / 1024:.0f}",
+        "status": status, "error": err.replace("\n", " "),
+    }
+    if mem and status == "ok":
+        a, o, al, t = (mem["argument_size_in_bytes"], mem["output_size_in_bytes"],
+                       mem["alias_size_in_bytes"], mem["temp_size_in_bytes"])
+        total = a + o - al + t
+        fl = FLOPS_RE.search(text)
+        row.update({
+            "argument_bytes": a, "output_bytes": o, "alias_bytes": al, "temp_bytes": t,
+            "total_bytes_per_chip": total, "total_gib_per_chip": f"{total / 2**30:.3f}",
+            "generated_code_bytes": mem.get("generated_code_size_in_bytes", ""),
+            "host_argument_bytes": mem.get("host_argument_size_in_bytes", ""),
+            "host_output_bytes": mem.get("host_output_size_in_bytes", ""),
+            "host_alias_bytes": mem.get("host_alias_size_in_bytes", ""),
+            "host_temp_bytes": mem.get("host_temp_size_in_bytes", ""),
+            "flops_per_chip": f"{float(fl.group(1)):.4g}" if fl else "",
+        })
+    return row
+
+
+MODEL_KEYS = [
+    ("emb_dim", "base_emb_dim"), ("num_query_heads", "base_num_query_heads"),
+    ("num_kv_heads", "base_num_kv_heads"), ("head_dim", "head_dim"), ("mlp_dim", "base_mlp_dim"),
+    ("moe_mlp_dim", "base_moe_mlp_dim"), ("num_decoder_layers", "base_num_decoder_layers"),
+    ("vocab_size", "vocab_size"), ("mlp_activations", "mlp_activations"),
+    ("num_experts", "num_experts"), ("num_experts_per_tok", "num_experts_per_tok"),
+    ("decoder_block", "decoder_block"), ("logits_via_embedding", "logits_via_embedding"),
+    ("fused_qkv", "fused_qkv"), ("opt_type", "opt_type"),
+]
+
+
+def write_models_csv(mt: Path, models: list[str]) -> None:
+    import yaml  # noqa: PLC0415
+
+    base = yaml.safe_load((mt / "configs" / "base.yml").read_text())
+    with MODELS_CSV.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model_name", *[k for k, _ in MODEL_KEYS], "source"])
+        for name in models:
+            y = yaml.safe_load((mt / "configs" / "models" / f"{name}.yml").read_text()) or {}
+            vals = []
+            for _, key in MODEL_KEYS:
+                v = y.get(key, base.get(key, ""))
+                if key == "base_moe_mlp_dim" and "num_experts" not in y:
+                    v = ""
+                if isinstance(v, list):
+                    v = "+".join(str(x) for x in v)
+                vals.append(v)
+            w.writerow([name, *vals, f"maxtext/configs/models/{name}.yml (+base.yml defaults)"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", help="run only this config id (repeatable)")
+    ap.add_argument("--force", action="store_true", help="re-run even if an ok row exists")
+    ap.add_argument("--timeout", type=int, default=1500, help="seconds per compile")
+    ap.add_argument("--budget-min", type=float, default=0, help="stop starting new compiles after N minutes")
+    ap.add_argument("--list", action="store_true", help="list config ids and exit")
+    ap.add_argument("--models-only", action="store_true", help="only (re)write models.csv")
+    ns = ap.parse_args()
+
+    if ns.list:
+        done = {r["id"]: r["status"] for r in read_rows()}
+        for c in CONFIGS:
+            print(f"{c.id:45s} {done.get(c.id, '-')}")
+        return 0
+
+    mt = maxtext_dir()
+    write_models_csv(mt, sorted({c.model for c in CONFIGS}))
+    if ns.models_only:
+        return 0
+
+    todo = CONFIGS
+    if ns.only:
+        unknown = set(ns.only) - {c.id for c in CONFIGS}
+        if unknown:
+            ap.error(f"unknown config id(s): {sorted(unknown)}")
+        todo = [c for c in CONFIGS if c.id in ns.only]
+    start = time.time()
+    for cfg in todo:
+        rows = read_rows()
+        if not ns.force and any(r["id"] == cfg.id and r["status"] == "ok" for r in rows):
+            print(f"skip {cfg.id} (already in {RESULTS.name})", flush=True)
+            continue
+        if ns.budget_min and time.time() - start > ns.budget_min * 60:
+            print(f"budget of {ns.budget_min} min used; stopping before {cfg.id}", flush=True)
+            break
+        print(f"compile {cfg.id} ...", flush=True)
+        row = run_one(cfg, mt, ns.timeout)
+        rows = [r for r in read_rows() if r["id"] != cfg.id] + [row]
+        write_rows(rows)
+        print(f"  {row['status']} in {row['compile_seconds']} s: total={row.get('total_gib_per_chip', '?')} GiB/chip "
+              f"(arg={row.get('argument_bytes', '?')}, temp={row.get('temp_bytes', '?')}) {row['error'][:200]}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

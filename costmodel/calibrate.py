@@ -1,0 +1,91 @@
+"""Fit a chip's efficiency parameters (hardware.chip.Efficiency) to measured step times.
+
+Robust least squares (scipy, soft-L1 loss) on log(predicted / measured), within physical bounds, with a weak
+pull towards the defaults so that a parameter the data cannot see stays where it was. Nothing is fitted per
+run: one set of <= 9 numbers per chip. The result is written as an overlay (hardware/calibration/NAME.yaml)
+that the catalog applies on top of the sourced profile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+from scipy.optimize import least_squares
+
+from costmodel.estimate import estimate
+from costmodel.published import Case
+from hardware.catalog import CALIBRATION_DIR
+from hardware.chip import Chip, Efficiency
+from hardware.errors import InputError
+
+# name: (lower, upper, prior scale) - physical bounds of each efficiency parameter
+BOUNDS: dict[str, tuple[float, float, float]] = {
+    "matmul_peak": (0.3, 0.95, 0.3),
+    "matmul_half_dim": (0.0, 1024.0, 500.0),
+    "attention": (0.15, 1.0, 0.5),
+    "hbm": (0.2, 1.0, 0.5),
+    "link": (0.1, 1.0, 0.5),
+    "net": (0.05, 1.0, 0.5),
+    "overlap": (0.0, 1.0, 0.5),
+    "tp_overlap": (0.0, 1.0, 0.5),
+    "step_overhead_s": (0.0, 0.5, 0.5),
+}
+PRIOR_WEIGHT = 0.02
+
+
+def _chip_with(chip: Chip, names: list[str], x: np.ndarray) -> Chip:
+    return replace(chip, eff=replace(chip.eff, **dict(zip(names, map(float, x), strict=True))))
+
+
+def residuals(chip: Chip, cases: list[Case]) -> np.ndarray:
+    out = []
+    for c in cases:
+        try:
+            t = estimate(c.model, chip, c.job, c.plan).step_time_s
+        except InputError:
+            continue
+        out.append(math.log(t / c.measured_step_time_s))
+    return np.asarray(out)
+
+
+def fit(chip: Chip, cases: list[Case], names: list[str] | None = None) -> tuple[Efficiency, dict[str, float]]:
+    """Best efficiency parameters for `chip` on its `cases`; returns (efficiency, fit statistics)."""
+    names = list(names or BOUNDS)
+    x0 = np.array([getattr(chip.eff, n) for n in names], dtype=float)
+    lo = np.array([BOUNDS[n][0] for n in names])
+    hi = np.array([BOUNDS[n][1] for n in names])
+    scale = np.array([BOUNDS[n][2] for n in names])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    prior = x0.copy()
+
+    def f(x: np.ndarray) -> np.ndarray:
+        r = residuals(_chip_with(chip, names, x), cases)
+        return np.concatenate([r, PRIOR_WEIGHT * (x - prior) / scale])
+
+    sol = least_squares(f, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3, max_nfev=200)
+    best = _chip_with(chip, names, sol.x)
+    r = residuals(best, cases)
+    pct = np.abs(np.expm1(r)) * 100
+    stats = {"rows": len(r), "mape_pct": float(pct.mean()), "worst_pct": float(pct.max())}
+    return best.eff, stats
+
+
+def write_overlay(chip_name: str, eff: Efficiency, stats: dict[str, float], source: str,
+                  directory: Path = CALIBRATION_DIR) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{chip_name}.yaml"
+    doc = {
+        "chip": chip_name,
+        "fitted_on": source,
+        "rows": int(stats["rows"]),
+        "mape_pct": round(stats["mape_pct"], 2),
+        "worst_pct": round(stats["worst_pct"], 2),
+        "eff": {k: round(float(v), 4) for k, v in eff.__dict__.items()},
+    }
+    header = "# Written by `planner calibrate`; do not edit by hand. Efficiency overlay for the sourced profile.\n"
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+    return path

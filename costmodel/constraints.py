@@ -1,0 +1,45 @@
+"""Divisibility and shape rules a plan must satisfy before it can be costed."""
+
+from __future__ import annotations
+
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import Plan
+from hardware.chip import Chip
+from hardware.errors import InputError
+
+
+def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None = None) -> None:
+    """Raise InputError naming the first violated constraint and its numbers."""
+    if chips is not None and plan.chips != chips:
+        d = plan.degrees()
+        prod = "*".join(f"{a}{v}" for a, v in d.items())
+        raise InputError(f"degrees: product {prod} = {plan.chips} must equal chips = {chips}")
+    if plan.tp > 1 and m.n_heads % plan.tp:
+        raise InputError(f"tp: n_heads {m.n_heads} is not divisible by tp {plan.tp}")
+    if plan.tp > 1 and m.n_kv_heads % plan.tp and plan.tp % m.n_kv_heads:
+        raise InputError(f"tp: n_kv_heads {m.n_kv_heads} and tp {plan.tp} must divide one another")
+    if m.n_layers % (plan.pp * plan.vpp):
+        raise InputError(f"pp*vpp: n_layers {m.n_layers} is not divisible by pp*vpp = {plan.pp * plan.vpp}")
+    if plan.vpp > 1 and plan.pp == 1:
+        raise InputError(f"vpp: virtual stages ({plan.vpp}) need pp > 1")
+    if job.seq_len % plan.cp:
+        raise InputError(f"cp: seq_len {job.seq_len} is not divisible by cp {plan.cp}")
+    if plan.ep > 1 and not m.is_moe:
+        raise InputError(f"ep: expert parallelism ({plan.ep}) needs a MoE model; {m.name} is dense")
+    if m.is_moe and m.n_experts % plan.ep:
+        raise InputError(f"ep: n_experts {m.n_experts} is not divisible by ep {plan.ep}")
+    shard = plan.batch_shards * plan.micro_batch
+    if job.global_batch % shard:
+        raise InputError(f"global_batch: {job.global_batch} is not divisible by dp*fsdp*ep*micro_batch = "
+                         f"{plan.dp}*{plan.fsdp}*{plan.ep}*{plan.micro_batch} = {shard}")
+    if plan.zero and plan.dp == 1 and plan.zero < 3:
+        pass  # zero over a dp axis of 1 is harmless
+    if plan.slices > 1:
+        if plan.chips % plan.slices:
+            raise InputError(f"slices: chips {plan.chips} is not divisible by slices {plan.slices}")
+        if chip.scale_up.kind != "torus":
+            raise InputError("slices: multi-slice jobs are for TPUs; GPU jobs span nodes automatically")
+    max_chips = chip.max_chips
+    if plan.chips > max_chips:
+        raise InputError(f"chips: {plan.chips} exceeds the {chip.name} profile's maximum of {max_chips}")

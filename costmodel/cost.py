@@ -1,0 +1,58 @@
+"""The result of costing one plan: step time and its breakdown, memory per chip, collectives, MFU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective the plan implies, summed over a step, for one chip."""
+
+    axis: str  # mesh axis: dp, fsdp, tp, cp, pp, ep, or 'host' for offload traffic
+    kind: str  # all-gather | reduce-scatter | all-reduce | all-to-all | p2p | d2h/h2d
+    purpose: str  # e.g. 'weights fwd', 'grads', 'activations'
+    count: int  # how many times per step
+    bytes_each: float  # buffer size per chip, per occurrence
+    level: str  # scale-up | network | host
+    time_s: float  # total time over the step if nothing overlapped
+    exposed_s: float  # what remains on the critical path after overlap
+
+
+@dataclass(frozen=True)
+class Cost:
+    step_time_s: float
+    mfu: float
+    hfu: float
+    tokens_per_s: float
+    tflops_per_chip: float  # model TFLOP/s per chip (MFU numerator)
+    peak_memory_bytes: float  # per chip, the busiest pipeline stage
+    hbm_usable_bytes: float
+    fits: bool
+    overflow_bytes: float  # peak - usable, 0 when it fits
+    host_memory_bytes: float  # per chip, used by offload
+    host_fits: bool
+    grad_accum: int
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    time: dict[str, float] = field(default_factory=dict)  # breakdown of step_time_s (sums to it)
+    memory: dict[str, float] = field(default_factory=dict)  # breakdown of peak_memory_bytes (sums to it)
+    collectives: tuple[Collective, ...] = ()
+    convention: str = ""  # state convention used for memory ('maxtext' fp32 weights / 'megatron' bf16 + master)
+
+    @property
+    def dominant(self) -> str:
+        """The largest entry of the time breakdown."""
+        return max(self.time, key=self.time.get) if self.time else ""
+
+    def to_dict(self) -> dict:
+        return {
+            "step_time_s": self.step_time_s, "mfu": self.mfu, "hfu": self.hfu, "tokens_per_s": self.tokens_per_s,
+            "tflops_per_chip": self.tflops_per_chip, "peak_memory_bytes": self.peak_memory_bytes,
+            "hbm_usable_bytes": self.hbm_usable_bytes, "fits": self.fits, "overflow_bytes": self.overflow_bytes,
+            "host_memory_bytes": self.host_memory_bytes, "host_fits": self.host_fits,
+            "grad_accum": self.grad_accum, "model_flops_per_step": self.model_flops_per_step,
+            "hardware_flops_per_step": self.hardware_flops_per_step, "convention": self.convention,
+            "breakdown": {"time_s": dict(self.time), "memory_bytes": dict(self.memory)},
+            "collectives": [c.__dict__ for c in self.collectives],
+        }

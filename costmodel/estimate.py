@@ -1,0 +1,302 @@
+"""estimate(model, chip, job, plan) -> Cost: the analytical step-time and memory model.
+
+Per micro-step, one chip runs its pipeline stage's layers forward and backward on `micro_batch * seq_len / cp`
+tokens with 1/tp of the weights; the step repeats that `grad_accum` times, then reduces gradients over the
+data axes and updates the optimizer. Time = compute + recompute + memory-bound ops + exposed communication
++ pipeline bubble + optimizer + exposed offload + fixed overhead. Every term is a function below.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from costmodel.constraints import check_plan
+from costmodel.cost import Collective, Cost
+from costmodel.flops import Op, layer_ops, logits_op, model_flops_per_token
+from costmodel.job import Job
+from costmodel.memory import MemoryTerms, memory_terms
+from costmodel.model import ModelSpec
+from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan
+from hardware.chip import Chip
+from hardware.errors import InputError
+from hardware.topology import AxisLink, collective_time, lay_out
+
+BF16 = 2  # bytes per activation / gathered-weight element
+
+
+# ---- layout -----------------------------------------------------------------------------------------------
+
+def dcn_split(plan: Plan) -> dict[str, int]:
+    """Degrees that span DCN on multi-slice TPU jobs: data first, then pipeline, then fsdp."""
+    left, dcn = plan.slices, {}
+    for axis in ("dp", "pp", "fsdp"):
+        g = math.gcd(getattr(plan, axis), left)
+        dcn[axis], left = g, left // g
+    if left > 1:
+        raise InputError(f"slices: {plan.slices} slices cannot be spanned by dp={plan.dp}, pp={plan.pp}, "
+                         f"fsdp={plan.fsdp} (DCN carries only data, pipeline or fsdp)")
+    return dcn
+
+
+def axis_links(chip: Chip, plan: Plan) -> dict[str, AxisLink]:
+    degrees = plan.degrees()
+    if chip.scale_up.kind == "torus":
+        dcn = dcn_split(plan)
+        ici = {a: degrees[a] // dcn.get(a, 1) for a in degrees}
+        return lay_out(chip, ici, dcn, AXIS_ORDER_INNER_TO_OUTER)
+    return lay_out(chip, degrees, {}, AXIS_ORDER_INNER_TO_OUTER)
+
+
+def group_time(links: list[AxisLink], kind: str, nbytes: float, chip: Chip) -> float:
+    """A collective over several axes at once, done hierarchically: innermost axis first, each outer axis
+    on the 1/prod(inner sizes) share of the buffer."""
+    t, share = 0.0, nbytes
+    for link in links:
+        t += collective_time(link, kind, share, chip.eff.link, chip.eff.net)
+        share /= link.size
+    return t
+
+
+# ---- compute ----------------------------------------------------------------------------------------------
+
+def op_time(op: Op, chip: Chip, peak: float) -> float:
+    """Seconds for one op: FLOPs over peak times an efficiency that falls for small per-chip matmul dims."""
+    e = chip.eff
+    if op.is_attention:  # flash attention: its inner matmuls contract over head_dim (op.min_dim)
+        return op.flops / (peak * e.matmul_peak * e.attention * op.min_dim / (op.min_dim + e.matmul_half_dim))
+    eff = e.matmul_peak * op.min_dim / (op.min_dim + e.matmul_half_dim)
+    return op.flops / (peak * eff)
+
+
+def recomputed_ops(ops: list[Op], plan: Plan, job: Job) -> list[Op]:
+    """Forward ops rerun in backward because their output tensor is rematerialised.
+
+    JAX/XLA semantics (MaxText): an op reruns only if its output is needed by the backward pass; the MLP
+    output (last op of the layer) is not, so it is never rerun. PyTorch/Megatron full recompute reruns the
+    whole layer forward, including the MLP output matmul. The router reruns with the MLP input.
+    """
+    choices = plan.remat.choices()
+    out = []
+    for op in ops:
+        tensor = op.produces or ("mlp_in" if op.name == "router" else "")
+        if not tensor or choices[tensor] != "remat":
+            continue
+        if tensor == "mlp_out" and job.framework != "megatron":
+            continue
+        out.append(op)
+    return out
+
+
+def elementwise_bytes_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
+    """HBM bytes of the memory-bound ops of one layer, forward, per token on one chip.
+
+    RMSNorm x2 (read+write d), residual adds x2 (read 2d, write d), rotary on q and k (read+write), the MLP
+    activation (gated: read 2f write f; plain: read f write f); bf16. Norms/residuals are split by tp only
+    under sequence parallelism.
+    """
+    sp = plan.tp if plan.sequence_parallel else 1
+    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
+    act = (3 if m.gated_mlp else 2) * ffn * k / plan.tp
+    elems = 10 * m.d_model / sp + 2 * (m.q_dim + m.kv_dim) / plan.tp + act
+    return elems * BF16
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds per micro-step on the busiest pipeline stage."""
+
+    fwd: float
+    bwd: float
+    recompute: float
+    elementwise: float
+    attention_fwd: float
+    layer_fwd: float  # one average layer, forward (for overlap)
+    layer_bwd: float
+    fwd_flops: float  # model FLOPs of the forward pass on this chip
+    recompute_flops: float
+
+
+def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
+    peak = chip.peak_flops(job.precision)
+    tokens = plan.micro_batch * job.seq_len / plan.cp
+    kinds = [(False, m.n_dense_mlp_layers), (True, m.n_moe_layers)]
+    fwd = bwd = rec = elem = attn = flops = rflops = 0.0
+    for moe, count in kinds:
+        if count == 0:
+            continue
+        n = count / plan.pp  # layers of this kind per stage (fractional on average)
+        ops = layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe)
+        t_ops = [op_time(op, chip, peak) for op in ops]
+        # Backward: 2x forward for matmuls; flash attention backward recomputes the scores: 2.5x forward.
+        fwd += n * sum(t_ops)
+        bwd += n * sum(t * (2.5 if op.is_attention else 2.0) for op, t in zip(ops, t_ops, strict=True))
+        attn += n * sum(t for op, t in zip(ops, t_ops, strict=True) if op.is_attention)
+        re_ops = recomputed_ops(ops, plan, job)
+        rec += n * sum(op_time(op, chip, peak) for op in re_ops)
+        flops += n * sum(op.flops for op in ops)
+        rflops += n * sum(op.flops for op in re_ops)
+        # Memory-bound ops: forward once, backward about twice, again in recompute when anything is rerun.
+        passes = 3.0 + (1.0 if re_ops else 0.0)
+        elem += n * passes * tokens * elementwise_bytes_per_token(m, plan, moe) / (chip.hbm_bw_Bps * chip.eff.hbm)
+    lg = logits_op(m, tokens, plan.tp)  # on the last stage; the bottleneck stage when pp > 1
+    t_lg = op_time(lg, chip, peak)
+    layers = m.n_layers / plan.pp
+    return StageTimes(fwd + t_lg, bwd + 2 * t_lg, rec, elem, attn, fwd / layers, bwd / layers,
+                      flops + lg.flops, rflops)
+
+
+# ---- communication ------------------------------------------------------------------------------------------
+
+def _coll(axis: str, kind: str, purpose: str, count: float, nbytes: float, t_each: float, exposed: float,
+          level: str) -> Collective:
+    return Collective(axis, kind, purpose, int(round(count)), nbytes, level, count * t_each, exposed)
+
+
+def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink], st: StageTimes,
+                  mem: MemoryTerms, accum: int) -> list[Collective]:
+    """Every collective of a step with its exposed time (after overlap with the compute it can hide behind)."""
+    ov = chip.eff.overlap
+    out: list[Collective] = []
+    layers = m.n_layers / plan.pp
+    tokens = plan.micro_batch * job.seq_len / plan.cp
+    micro_steps = accum
+
+    # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under SP: same ring traffic) of the
+    # activations per layer forward, 2 backward, 2 more when the layer forward is recomputed (Megatron).
+    if plan.tp > 1:
+        nbytes = tokens * m.d_model * BF16
+        t = collective_time(links["tp"], "all-reduce", nbytes, chip.eff.link, chip.eff.net)
+        n_rec = 2 if plan.remat.out_proj == "remat" else 0
+        count = (4 + n_rec) * layers * micro_steps
+        # Hidden behind the layer's own matmuls to the extent tp_overlap allows.
+        per_layer_t = (4 + n_rec) * t
+        exposed = max(per_layer_t * (1 - chip.eff.tp_overlap),
+                      per_layer_t - chip.eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
+        out.append(_coll("tp", "all-reduce", "activations", count, nbytes, t, exposed * layers * micro_steps,
+                         links["tp"].level))
+
+    # Weight-sharded axes (fsdp, plus dp under ZeRO-3): all-gather bf16 weights per layer forward and again in
+    # backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
+    wlinks = [links["fsdp"]] + ([links["dp"]] if plan.zero == 3 else [])
+    wshards = math.prod(lk.size for lk in wlinks)
+    if wshards > 1:
+        wbytes = mem.layer_weight_elems * BF16  # one layer's weights on this chip before sharding over fsdp
+        gbytes = mem.layer_weight_elems * mem.grad_reduce_bytes
+        t_ag = group_time(wlinks, "all-gather", wbytes, chip)
+        t_rs = group_time(wlinks, "reduce-scatter", gbytes, chip)
+        exp_f = max(0.0, t_ag - ov * st.layer_fwd)
+        exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
+        n = layers * micro_steps
+        lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
+        out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
+        out.append(_coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl))
+
+    # Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
+    # ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
+    if plan.dp > 1 and plan.zero < 3:
+        gbytes = mem.grad_elems_for_reduce * mem.grad_reduce_bytes
+        t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)
+        exposed = max(0.0, t - ov * st.bwd)
+        out.append(_coll("dp", "all-reduce", "grads", 1, gbytes, t, exposed, links["dp"].level))
+
+    # Context parallel: all-gather K and V per layer forward; backward gathers again and reduce-scatters dK, dV.
+    if plan.cp > 1:
+        kv_bytes = plan.micro_batch * job.seq_len * 2 * m.kv_dim / plan.tp * BF16
+        t = collective_time(links["cp"], "all-gather", kv_bytes, chip.eff.link, chip.eff.net)
+        n = layers * micro_steps
+        exposed = n * (max(0.0, t - ov * st.attention_fwd / layers) + max(0.0, 2 * t - ov * 2.5 * st.attention_fwd
+                                                                         / layers))
+        out.append(_coll("cp", "all-gather", "keys/values", 3 * n, kv_bytes, t, exposed, links["cp"].level))
+
+    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward.
+    if plan.ep > 1 and m.n_moe_layers:
+        a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
+        t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
+        count = 4 * m.n_moe_layers / plan.pp * micro_steps
+        out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))
+
+    # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.
+    if plan.pp > 1:
+        p_bytes = tokens * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
+        t = collective_time(links["pp"], "p2p", p_bytes, chip.eff.link, chip.eff.net)
+        count = 2 * plan.vpp * micro_steps
+        out.append(_coll("pp", "p2p", "activations", count, p_bytes, t, count * t, links["pp"].level))
+
+    # Offloaded activations go to host in forward and come back in backward, hidden behind that layer.
+    off_bytes = mem.offload_bytes_per_layer
+    if off_bytes > 0:
+        t = off_bytes / chip.host_link_Bps
+        n = layers * micro_steps
+        exposed = n * (max(0.0, t - ov * st.layer_fwd) + max(0.0, t - ov * st.layer_bwd))
+        out.append(_coll("host", "d2h/h2d", "activations", 2 * n, off_bytes, t, exposed, "host"))
+    if plan.offload_optimizer:
+        # Gradients down, updated parameters up, once per step, not overlapped (they bracket the update).
+        nbytes = mem.optimizer_param_elems * (mem.grad_reduce_bytes + BF16)
+        t = nbytes / chip.host_link_Bps
+        out.append(_coll("host", "d2h/h2d", "optimizer", 1, nbytes, t, t, "host"))
+    if plan.offload_params:
+        # Master parameters stream in before the forward pass and gradients stream back: once per step.
+        nbytes = mem.param_elems * 2 * mem.param_bytes
+        t = nbytes / chip.host_link_Bps
+        out.append(_coll("host", "d2h/h2d", "parameters", 1, nbytes, t, t, "host"))
+    return out
+
+
+# ---- the estimate -------------------------------------------------------------------------------------------
+
+def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None = None) -> Cost:
+    """Cost one plan. Raises InputError if the plan breaks a divisibility or layout rule."""
+    check_plan(m, chip, job, plan, chips)
+    links = axis_links(chip, plan)
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
+    st = stage_times(m, chip, job, plan)
+    mem = memory_terms(m, chip, job, plan, accum)
+    colls = communication(m, chip, job, plan, links, st, mem, accum)
+
+    comm_exposed: dict[str, float] = {}
+    for c in colls:
+        if c.axis != "host":
+            comm_exposed[c.axis] = comm_exposed.get(c.axis, 0.0) + c.exposed_s
+    offload = sum(c.exposed_s for c in colls if c.axis == "host")
+    per_micro = st.fwd + st.bwd + st.recompute + st.elementwise
+    # 1F1B bubble: (pp-1) micro-steps of fill and drain, shortened by the number of model chunks (vpp).
+    bubble = (plan.pp - 1) / plan.vpp * per_micro
+    opt_bytes = mem.optimizer_param_elems * mem.adam_bytes_per_param
+    optimizer = 0.0 if plan.offload_optimizer else opt_bytes / (chip.hbm_bw_Bps * chip.eff.hbm)
+    time = {
+        "compute": accum * (st.fwd + st.bwd),
+        "recompute": accum * st.recompute,
+        "memory_bound": accum * st.elementwise,
+        **{f"comm_{a}": t for a, t in sorted(comm_exposed.items())},
+        "bubble": bubble,
+        "optimizer": optimizer,
+        "offload": offload,
+        "overhead": chip.eff.step_overhead_s,
+    }
+    step = sum(time.values())
+    chips_n = plan.chips
+    peak = chip.peak_flops(job.precision)
+    model_flops = model_flops_per_token(m, job.seq_len) * job.tokens
+    hw_flops = model_flops + accum * st.recompute_flops * plan.pp * plan.tp * plan.cp * plan.batch_shards
+    usable = chip.usable_hbm_bytes
+    return Cost(
+        step_time_s=step,
+        mfu=model_flops / (step * chips_n * peak),
+        hfu=hw_flops / (step * chips_n * peak),
+        tokens_per_s=job.tokens / step,
+        tflops_per_chip=model_flops / (step * chips_n) / 1e12,
+        peak_memory_bytes=mem.peak_bytes,
+        hbm_usable_bytes=usable,
+        fits=mem.peak_bytes <= usable and mem.host_bytes <= chip.host_mem_bytes,
+        overflow_bytes=max(0.0, mem.peak_bytes - usable),
+        host_memory_bytes=mem.host_bytes,
+        host_fits=mem.host_bytes <= chip.host_mem_bytes,
+        grad_accum=accum,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hw_flops,
+        time=time,
+        memory=dict(mem.breakdown),
+        collectives=tuple(colls),
+        convention=mem.convention,
+    )

@@ -1,0 +1,76 @@
+"""FLOPs of one transformer layer, the embedding/logits and the loss, per op, forward pass.
+
+A matmul of (m x k) by (k x n) costs 2*m*k*n FLOPs. The backward pass of a matmul costs twice its forward
+(gradients w.r.t. input and weight); attention backward likewise counts 2x for model FLOPs.
+Causal attention counts half of the s^2 score/context work (the masked half is skipped by flash attention).
+Ops carry their per-chip matmul shape after tensor sharding so that efficiency can depend on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Op:
+    """One forward op for `tokens` tokens on one chip: FLOPs, the smallest matmul dim, and its remat tensor."""
+
+    name: str
+    flops: float
+    min_dim: float  # smallest per-chip matmul dim (attention: head_dim, its inner contraction)
+    produces: str  # the remat tensor this op's output is ("" if none)
+    is_attention: bool = False
+
+
+def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: bool) -> list[Op]:
+    """Forward ops of one layer on one chip processing `tokens` tokens (already divided by cp).
+
+    Weights are split `tp` ways (heads and MLP columns); attention keys span the whole sequence (`seq_len`).
+    """
+    d = m.d_model
+    out: list[Op] = []
+    if m.is_mla:
+        # MLA (DeepSeek-V2/V3): low-rank q and kv projections, then per-head up-projections.
+        q = m.d_model * m.q_lora_rank + m.q_lora_rank * m.n_heads * m.head_dim if m.q_lora_rank \
+            else d * m.n_heads * m.head_dim
+        kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) \
+            + m.kv_lora_rank * m.n_heads * (m.head_dim - m.qk_rope_head_dim + m.v_head_dim)
+        qkv_params, qk_width, v_width = q + kv, m.n_heads * m.head_dim, m.n_heads * m.v_head_dim
+    else:
+        qkv_params, qk_width, v_width = d * (m.q_dim + 2 * m.kv_dim), m.q_dim, m.q_dim
+    out.append(Op("qkv_proj", 2 * tokens * qkv_params / tp, min(d, (m.q_dim + 2 * m.kv_dim) / tp, tokens),
+                  "qkv_proj"))
+    # Scores Q K^T (2*s_q*s_k*width) and context P V (2*s_q*s_k*v_width), causal: half the (s_q, s_k) pairs.
+    attn = 2 * tokens * seq_len * (qk_width + v_width) / tp * 0.5
+    out.append(Op("attention", attn, m.head_dim, "context", is_attention=True))
+    out.append(Op("out_proj", 2 * tokens * v_width * d / tp, min(d, v_width / tp, tokens), "out_proj"))
+    if moe:
+        k = m.experts_per_token + m.n_shared_experts
+        out.append(Op("router", 2 * tokens * d * m.n_experts, min(d, m.n_experts, tokens), ""))
+        ffn, width = m.moe_ffn_dim, k
+    else:
+        ffn, width = m.ffn_dim, 1
+    n_in = 2 if m.gated_mlp else 1
+    out.append(Op("mlp_in", 2 * tokens * width * d * n_in * ffn / tp, min(d, ffn / tp, tokens), "mlp_in"))
+    out.append(Op("mlp_out", 2 * tokens * width * ffn * d / tp, min(d, ffn / tp, tokens), "mlp_out"))
+    return out
+
+
+def logits_op(m: ModelSpec, tokens: float, tp: int) -> Op:
+    """Output projection to the (tensor-sharded) vocabulary."""
+    return Op("logits", 2 * tokens * m.d_model * m.vocab_size / tp, min(m.d_model, m.vocab_size / tp, tokens), "")
+
+
+def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    """Training model FLOPs per token: 3x forward (6 per matmul weight), causal attention halved, no recompute.
+
+    Matmul weights: every active weight except the input embedding lookup; the logits matmul counts once
+    (tied or not). This is the MFU numerator (PaLM App. B, with causal halving as in MaxText since 2025).
+    """
+    matmul_params = m.active_params() - m.vocab_size * m.d_model * (0 if m.tied_embeddings else 1)
+    matmul_params -= m.n_layers * m.layer_norm_params() + m.d_model
+    v_width = m.n_heads * (m.v_head_dim if m.is_mla else m.head_dim)
+    attn = m.n_layers * 2 * seq_len * (m.q_dim + v_width) * 0.5
+    return 6 * matmul_params + 3 * attn

@@ -1,0 +1,154 @@
+"""Memory per chip: model state under the plan's sharding, activations under the remat choices, buffers.
+
+State conventions (say which one a number uses):
+  maxtext:  fp32 weights (4 B), fp32 gradients (4 B, plus an fp32 accumulator when accumulating), fp32 Adam
+            moments (8 B); compute in bf16.
+  megatron: bf16 weights (2 B), fp32 main gradients (4 B), fp32 master weights + Adam moments in the
+            optimizer (12 B; Megatron's distributed optimizer shards these over dp: ZeRO-1).
+Activations per layer and token are counted per saved tensor (bf16), which for the 'none' policy and GPT
+shapes reproduces Korthikanti et al. 2022's 34*s*b*h bytes per layer (without the 5*a*s/h attention term,
+which flash attention does not store).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import TENSORS, Plan
+from hardware.chip import Chip
+
+BF16 = 2
+
+CONVENTIONS = {
+    # name: (weight bytes, gradient bytes, optimizer bytes per param, Adam update HBM bytes per param)
+    # Adam update traffic: maxtext reads p, g, m, v and writes p, m, v in fp32 (7 x 4 B);
+    # megatron reads g, master, m, v and writes master, m, v (fp32) plus the bf16 weight copy (7 x 4 + 2 B).
+    "maxtext": (4, 4, 8, 28),
+    "megatron": (2, 4, 12, 30),
+}
+
+
+def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> dict[str, float]:
+    """Elements per token on one chip of each remat tensor of a layer (MoE: tokens routed to k experts)."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
+    return {
+        "layer_input": m.d_model / sp,
+        "qkv_proj": (m.q_dim + 2 * m.kv_dim) / plan.tp,
+        "context": m.attn_out_dim / plan.tp,
+        "out_proj": m.d_model / sp,
+        "mlp_in": (2 if m.gated_mlp else 1) * ffn * k / plan.tp,
+        "mlp_out": m.d_model / sp,
+    }
+
+
+def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
+    """Tensors kept only when nothing is recomputed: two norm outputs and the MLP activation output."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
+    return 2 * m.d_model / sp + ffn * k / plan.tp
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    convention: str
+    param_bytes: int
+    grad_reduce_bytes: int
+    adam_bytes_per_param: int
+    param_elems: float  # parameters stored on this chip (after all weight sharding)
+    optimizer_param_elems: float  # parameters whose optimizer state this chip holds and updates
+    grad_elems_for_reduce: float  # gradient elements this chip reduces over dp
+    layer_weight_elems: float  # one layer's weights on this chip before fsdp sharding (the gathered size)
+    offload_bytes_per_layer: float  # activations moved to host per layer per micro-step
+    peak_bytes: float
+    host_bytes: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+
+def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float]:
+    """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share)."""
+    tp, pp, ep = plan.tp, plan.pp, plan.ep
+    non_expert = m.n_layers * (m.attn_params() + m.layer_norm_params()) + m.n_dense_mlp_layers * m.dense_mlp_params()
+    expert = 0.0
+    if m.is_moe:
+        non_expert += m.n_moe_layers * m.d_model * m.n_experts  # routers, replicated over ep
+        expert = m.n_moe_layers * (m.n_experts / ep + m.n_shared_experts) * m.expert_params()
+    body = (non_expert + expert) / (pp * tp)
+    # Embedding (vocab-sharded by tp): both tables on one stage without pipelining; one per end stage with it.
+    emb = (m.embedding_params() if pp == 1 else m.vocab_size * m.d_model) / tp
+    return body, body / (m.n_layers / pp), emb
+
+
+def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
+    w_b, g_b, o_b, adam_b = CONVENTIONS[job.framework]
+    weight_shards = plan.fsdp * (plan.dp if plan.zero == 3 else 1)
+    body, layer_w, emb = param_counts_per_chip(m, plan)
+    params = (body + emb) / weight_shards
+    opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)
+    grad_params = params / (plan.dp if plan.zero == 2 else 1)
+
+    # ---- model state --------------------------------------------------------------------------------------
+    weights = 0.0 if plan.offload_params else params * w_b
+    weights_working = params * BF16 if plan.offload_params else 0.0  # bf16 copy streamed in for compute
+    accum_buf = grad_params * 4 if (accum > 1 and job.framework == "maxtext") else 0.0
+    grads = grad_params * g_b + accum_buf
+    optimizer = 0.0 if plan.offload_optimizer else opt_params * o_b
+
+    # ---- activations --------------------------------------------------------------------------------------
+    tokens = plan.micro_batch * job.seq_len / plan.cp
+    choices = plan.remat.choices()
+    saved = offl = none_all = 0.0
+    layers_stage = m.n_layers / plan.pp
+    for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
+        if count == 0:
+            continue
+        frac = count / m.n_layers
+        el = tensor_elems_per_token(m, plan, moe)
+        extra = extra_saved_elems_per_token(m, plan, moe)
+        dev = sum(el[t] for t in TENSORS if choices[t] == "device")
+        if plan.remat.count("remat") == 0:
+            dev += extra
+        saved += frac * dev * tokens * BF16
+        offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
+        none_all = max(none_all, (sum(el.values()) + extra) * tokens * BF16)
+    if plan.pp > 1:
+        inflight = min(accum, plan.pp) * ((1 + (plan.pp - 1) / (plan.pp * plan.vpp)) if plan.vpp > 1 else 1)
+    else:
+        inflight = 1
+    act_saved = saved * layers_stage * inflight
+    # Backward of one layer holds all its intermediates (recomputed if needed) and their gradients.
+    act_working = 2 * none_all
+    # Logits and loss: bf16 logits plus their fp32 upcast for the cross-entropy (vocab-sharded by tp), on the
+    # last stage; the gradient reuses the fp32 buffer.
+    logit_bytes = 6
+    logits = tokens * m.vocab_size / plan.tp * logit_bytes
+    # FSDP: two layers of gathered bf16 weights (prefetch) and one layer of full fp32 gradients.
+    coll = (2 * BF16 + 4) * layer_w if weight_shards > 1 else 0.0
+
+    if plan.pp > 1:
+        last_stage = act_saved / inflight + logits
+        first_stage = act_saved
+        acts, logits_counted = (first_stage, 0.0) if first_stage >= last_stage else (act_saved / inflight, logits)
+    else:
+        acts, logits_counted = act_saved, logits
+    breakdown = {
+        "weights": weights + weights_working,
+        "gradients": grads,
+        "optimizer": optimizer,
+        "activations": acts,
+        "activation_working": act_working,
+        "logits": logits_counted,
+        "collective_buffers": coll,
+    }
+    host = offl * layers_stage * inflight
+    if plan.offload_optimizer:
+        host += opt_params * o_b
+    if plan.offload_params:
+        host += params * w_b
+    return MemoryTerms(
+        convention=job.framework, param_bytes=w_b, grad_reduce_bytes=g_b, adam_bytes_per_param=adam_b,
+        param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=grad_params,
+        layer_weight_elems=layer_w, offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
+        host_bytes=host, breakdown=breakdown)

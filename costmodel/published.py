@@ -1,0 +1,168 @@
+"""Published training runs (the runs_dev.csv schema) as (model, chip, job, plan) cases, and their accuracy.
+
+Row conventions (from RUNS_SCHEMA.md; no per-row numbers are invented here):
+  - micro_batch: MaxText rows give per-device batch; Megatron/NeMo/DeepSpeed per model replica; llm-foundry per
+    GPU (= per replica under pure FSDP). Our plan's micro_batch is per replica, so it is always recomputed as
+    global_batch / (dp*fsdp*ep * grad_accum), with grad_accum = 1 for MaxText rows (no accumulation in
+    those runs) and global_batch / (dp*fsdp*ep*micro_batch) otherwise. A missing micro_batch (Megatron 2021
+    Table 1) is taken as 1, the value of the paper's weak-scaling runs' smallest memory footprint.
+  - framework: maxtext, mosaic (FSDP amp_bf16: fp32 weights) and palm use the 'maxtext' state convention;
+    megatron, nemo and deepspeed use 'megatron' (bf16 weights + fp32 master copies).
+  - sequence parallelism: Megatron-LM 2021 (Narayanan et al.) predates it; every other tp > 1 run uses it.
+  - remat 'custom': tensor choices from the notes ('remat custom: a=offload, ...'); PaLM's own scheme (no
+    such list) is costed as 'full', the closest policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import Plan, parse_remat
+from hardware.catalog import load_hardware, preset_names
+from hardware.chip import Chip
+from hardware.errors import InputError
+
+MAXTEXT_CONVENTION = {"maxtext", "mosaic", "palm", "other"}
+REQUIRED = ("id", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size", "seq_len", "hardware", "chips",
+            "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch", "measured_step_time_s")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    source: str
+    model: ModelSpec
+    chip: Chip
+    job: Job
+    plan: Plan
+    measured_step_time_s: float
+    measured_memory_bytes: float | None = None
+
+
+def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
+    v = (row.get(key) or "").strip()
+    if v == "":
+        return default
+    return float(v)
+
+
+def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    v = _num(row, key, None)
+    return default if v is None or math.isnan(v) else int(round(v))
+
+
+def _bool(row: dict[str, str], key: str) -> bool:
+    return (row.get(key) or "").strip().lower() in ("true", "1", "yes")
+
+
+def _remat(row: dict[str, str]) -> str:
+    name = (row.get("remat") or "").strip() or "full"
+    if name != "custom":
+        return name
+    hit = re.search(r"remat custom:\s*([^|]*)", row.get("notes") or "")
+    if not hit:
+        return "full"
+    items = [s.strip() for s in hit.group(1).split("(")[0].split(",") if "=" in s]
+    return "custom:" + ",".join(items)
+
+
+def row_to_case(row: dict[str, str]) -> Case:
+    """Build one case or raise InputError with the reason the row cannot be estimated."""
+    for key in REQUIRED:
+        if (row.get(key) or "").strip() == "":
+            raise InputError(f"missing {key}")
+    if row["hardware"] not in preset_names():
+        raise InputError(f"no hardware profile {row['hardware']!r}")
+    fw = (row.get("framework") or "").strip()
+    convention = "maxtext" if fw in MAXTEXT_CONVENTION else "megatron"
+    n_exp = _int(row, "n_experts", 0) or 0
+    model = ModelSpec(
+        name=row.get("model_name") or row["id"], n_layers=_int(row, "n_layers"), d_model=_int(row, "d_model"),
+        n_heads=_int(row, "n_heads"), n_kv_heads=_int(row, "n_kv_heads", 0), head_dim=_int(row, "head_dim", 0),
+        ffn_dim=_int(row, "ffn_dim"), vocab_size=_int(row, "vocab_size"), gated_mlp=_bool(row, "gated_mlp"),
+        tied_embeddings=_bool(row, "tied_embeddings"), n_experts=n_exp,
+        experts_per_token=_int(row, "experts_per_token", 0) if n_exp else 0,
+        moe_ffn_dim=_int(row, "moe_ffn_dim", 0) if n_exp else 0,
+        n_dense_layers=_int(row, "n_dense_layers", 0) if n_exp else 0,
+        n_shared_experts=_int(row, "n_shared_experts", 0) if n_exp else 0)
+    precision = {"fp16": "bf16"}.get(row.get("precision") or "bf16", row.get("precision") or "bf16")
+    job = Job(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"), precision=precision,
+              framework=convention)
+    deg = {a: _int(row, a, 1) for a in ("dp", "fsdp", "tp", "cp", "pp", "ep")}
+    shards = deg["dp"] * deg["fsdp"] * deg["ep"]
+    if fw == "maxtext" or fw == "palm":
+        accum = 1
+    else:
+        mb = _int(row, "micro_batch", 1) or 1
+        accum = max(1, job.global_batch // (shards * mb))
+    micro = job.global_batch // (shards * accum)
+    zero = _int(row, "zero", None)
+    if zero is None:
+        zero = 3 if deg["fsdp"] > 1 else 0
+    sp = deg["tp"] > 1 and not (row.get("source") or "").startswith("narayanan2021")
+    plan = Plan(**deg, vpp=_int(row, "vpp", 1) or 1, micro_batch=max(1, micro), zero=zero, sequence_parallel=sp,
+                remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1)
+    return Case(row["id"], row.get("source") or "", model, load_hardware(row["hardware"]), job, plan,
+                float(row["measured_step_time_s"]))
+
+
+def load_cases(path: str | Path) -> tuple[list[Case], dict[str, str]]:
+    """All estimable rows of a runs CSV, plus {id: reason} for the rows that are skipped."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--file: {p} not found")
+    cases, skipped = [], {}
+    with p.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in ("id", "measured_step_time_s", "hardware") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputError(f"--file: {p} lacks the column(s) {', '.join(missing)} of the runs schema")
+        for row in reader:
+            try:
+                cases.append(row_to_case(row))
+            except (InputError, ValueError) as e:
+                skipped[row.get("id", "?")] = str(e)
+    return cases, skipped
+
+
+def family(case: Case) -> str:
+    return case.chip.name
+
+
+def evaluate(cases: list[Case], chips: dict[str, Chip] | None = None) -> list[dict]:
+    """Predicted vs measured step time per case. `chips` overrides profiles by name (calibration)."""
+    from costmodel.estimate import estimate
+
+    rows = []
+    for c in cases:
+        chip = (chips or {}).get(c.chip.name, c.chip)
+        try:
+            cost = estimate(c.model, chip, c.job, c.plan)
+        except InputError as e:
+            rows.append({"id": c.id, "source": c.source, "hardware": c.chip.name, "skipped": str(e)})
+            continue
+        err = (cost.step_time_s - c.measured_step_time_s) / c.measured_step_time_s * 100
+        rows.append({"id": c.id, "source": c.source, "hardware": c.chip.name,
+                     "predicted_step_time_s": cost.step_time_s, "measured_step_time_s": c.measured_step_time_s,
+                     "error_pct": err, "predicted_peak_memory_bytes": cost.peak_memory_bytes, "fits": cost.fits,
+                     "mfu": cost.mfu})
+    return rows
+
+
+def mape(rows: list[dict]) -> dict[str, float]:
+    """Mean absolute percentage error overall, per source and per hardware."""
+    ok = [r for r in rows if "error_pct" in r]
+    out: dict[str, float] = {}
+    if ok:
+        out["overall"] = sum(abs(r["error_pct"]) for r in ok) / len(ok)
+    for key in ("source", "hardware"):
+        for val in sorted({r[key] for r in ok}):
+            sel = [abs(r["error_pct"]) for r in ok if r[key] == val]
+            out[f"{key}:{val}"] = sum(sel) / len(sel)
+    return out
