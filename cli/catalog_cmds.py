@@ -158,6 +158,12 @@ models_app = typer.Typer(
 app.add_typer(models_app, name="models")
 
 
+def _console() -> Console:
+    """Rich console; 130 columns when not writing to a terminal (pipes, tests) so tables are not truncated."""
+    console = Console()
+    return console if console.is_terminal else Console(width=130)
+
+
 def _experts(m: ModelSpec) -> str:
     if not m.is_moe:
         return "-"
@@ -206,9 +212,9 @@ def models_list(
         typer.echo(json.dumps([_model_summary(m) for m in models], indent=2))
         return
     table = Table(title="Model presets (also: a .yaml path, or a size such as 70B or 1T)")
-    table.add_column("name", style="bold")
+    table.add_column("name", style="bold", no_wrap=True, min_width=max(len(m.name) for m in models))
     for col in ("layers", "d_model", "heads/kv", "ffn", "vocab", "experts", "total B", "active B"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for m in models:
         table.add_row(
             m.name,
@@ -221,13 +227,13 @@ def models_list(
             f"{m.total_params() / 1e9:,.2f}",
             f"{m.active_params() / 1e9:,.2f}",
         )
-    Console().print(table)
+    _console().print(table)
 
 
 @models_app.command("show")
 def models_show(
     name_or_path: str = typer.Argument(
-        ..., metavar="NAME_OR_PATH_OR_SIZE", help="A preset name, a path to a model YAML, or a size like 70B or 1T."
+        ..., metavar="NAME_OR_PATH_OR_SIZE", help="A preset name, a model YAML path or a size (70B, 1T)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print every field and the derived counts as JSON."),
 ) -> None:
@@ -236,11 +242,10 @@ def models_show(
     if as_json:
         typer.echo(json.dumps({**to_dict(m), "derived": _model_counts(m)}, indent=2))
         return
-    if model_catalog.parse_size(name_or_path) is not None and name_or_path.strip().lower() not in (
-        model_catalog.preset_names()
-    ):
+    shorthand = model_catalog.is_shorthand(name_or_path)
+    if shorthand:
         typer.echo(f"{name_or_path.strip()} -> {model_catalog.describe_shorthand(name_or_path)}")
-    table = Table(title=f"{m.name}: {m.description}", show_header=False)
+    table = Table(title=m.name if shorthand else f"{m.name}: {m.description}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     fields = to_dict(m)
@@ -251,4 +256,4 @@ def models_show(
     for key, value in _model_counts(m).items():
         table.add_row(key, f"{value:,} ({model_catalog.format_params(value)})" if value else "0")
     table.add_row("source", m.source)
-    Console().print(table)
+    _console().print(table)

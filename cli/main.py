@@ -35,7 +35,10 @@ def main() -> None:
     except typer.Abort:
         sys.exit(130)
     except Exception as e:  # click usage errors and the like
-        import click
+        try:
+            import click
+        except ImportError:  # typer >= 0.25 vendors click
+            from typer import _click as click
 
         if isinstance(e, click.exceptions.NoArgsIsHelpError):
             sys.exit(0)

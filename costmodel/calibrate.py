@@ -25,7 +25,7 @@ from hardware.errors import InputError
 # name: (lower, upper, prior scale) - physical bounds of each efficiency parameter
 BOUNDS: dict[str, tuple[float, float, float]] = {
     "matmul_peak": (0.3, 0.95, 0.3),
-    "matmul_half_dim": (0.0, 1024.0, 500.0),
+    "matmul_half_dim": (0.0, 512.0, 500.0),
     "attention": (0.15, 1.0, 0.5),
     "hbm": (0.2, 1.0, 0.5),
     "link": (0.1, 1.0, 0.5),

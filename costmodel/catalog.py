@@ -44,7 +44,8 @@ MODEL_DIR = Path(__file__).parent / "models"
 
 SIZE_RE = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([kmbt])\s*$", re.IGNORECASE)
 SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
-EXPECTED = "expected a preset name (see `planner models list`), a path to a .yaml file, or a size such as 8B, 70B, 1T"
+EXPECTED = ("expected a preset name (see `planner models list`), a path to a .yaml file, "
+            "or a size such as 8B, 70B, 1T")
 
 # The dense shorthand family (see the module docstring).
 FAMILY_ANCHORS = ((8e9, "llama3-8b"), (70e9, "llama3-70b"), (405e9, "llama3-405b"))
@@ -78,7 +79,7 @@ def _load_file(path: str) -> ModelSpec:
 
 @cache
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, a user's model YAML by path, or a size shorthand ('70B', '1T'); see the module doc."""
+    """A preset by name, a user's model YAML by path, or a size shorthand ('70B', '1T'); see module doc."""
     text = str(name_or_path).strip()
     if text.endswith((".yaml", ".yml")) or "/" in text:
         return _load_file(str(Path(text).resolve()))
@@ -139,13 +140,14 @@ def _best_depth(target: float, d_model: int, ffn_dim: int) -> ModelSpec:
 
 
 def shape_line(spec: ModelSpec) -> str:
-    """One-line shape summary, e.g. '80 layers, d_model 8192, 64 heads (8 kv) x 128, ffn 28672, vocab 128256'."""
+    """One-line shape, e.g. '80 layers, d_model 8192, 64 heads (8 kv) x 128, ffn 28672, vocab 128256'."""
     kv = f" ({spec.n_kv_heads} kv)" if spec.n_kv_heads != spec.n_heads else ""
     line = (f"{spec.n_layers} layers, d_model {spec.d_model}, {spec.n_heads} heads{kv} x {spec.head_dim}, "
             f"ffn {spec.ffn_dim}, vocab {spec.vocab_size}")
     if spec.is_moe:
         shared = f" + {spec.n_shared_experts} shared" if spec.n_shared_experts else ""
-        line += f", {spec.n_experts} experts{shared} top-{spec.experts_per_token} (expert ffn {spec.moe_ffn_dim})"
+        line += (f", {spec.n_experts} experts{shared} top-{spec.experts_per_token} "
+                 f"(expert ffn {spec.moe_ffn_dim})")
     return line
 
 
@@ -178,18 +180,25 @@ def resolve_size(text: str) -> ModelSpec:
             candidates.append(_best_depth(target, d, ffn))
         spec = next((s for s in candidates if abs(s.total_params() / target - 1) <= WIDTH_FALLBACK_ERROR),
                     min(candidates, key=lambda s: abs(s.total_params() - target)))
-        how = f"width nearest d* = {d_star:.0f} interpolated over llama3-8b/70b/405b, depth closest to {label}"
+        how = f"width nearest d* = {d_star:.0f} (interpolated over llama3-8b/70b/405b), depth closest to N"
         if abs(spec.total_params() / target - 1) > MAX_SHORTHAND_ERROR:
             raise InputError(f"field 'model': size {label} is too small for the dense Llama-3-style family "
                              f"(nearest: {format_params(spec.total_params())} with {spec.n_layers} layers x "
                              f"{spec.d_model}); use a preset or a model .yaml file")
     total = spec.total_params()
-    desc = (f"dense Llama-3-style decoder for '{label}': {shape_line(spec)}; {format_params(total)} parameters "
-            f"({100 * (total / target - 1):+.2f}% vs {label}); {how}")
+    desc = (f"dense Llama-3-style decoder for '{label}': {shape_line(spec)}; "
+            f"{format_params(total)} parameters ({100 * (total / target - 1):+.2f}% vs {label}); {how}")
     return replace(spec, name=f"dense-{label}", description=desc,
-                   source="size shorthand; family rule in costmodel/catalog.py (anchored on the Llama 3 family)")
+                   source="size shorthand; family rule in costmodel/catalog.py (anchored on Llama 3)")
 
 
 def describe_shorthand(text: str) -> str:
-    """'1T -> 151 layers, d_model 23552, ...' for a size shorthand (raises InputError if `text` is not one)."""
+    """The resolved shape of a size shorthand, e.g. for '1T': '... 151 layers, d_model 23552, ...'."""
     return resolve_size(text).description
+
+
+def is_shorthand(text: str) -> bool:
+    """True when `text` would be resolved as a size shorthand (not a path or preset name)."""
+    t = str(text).strip()
+    return not (t.endswith((".yaml", ".yml")) or "/" in t or t.lower() in preset_names()) \
+        and SIZE_RE.match(t) is not None

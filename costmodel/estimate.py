@@ -48,12 +48,12 @@ def axis_links(chip: Chip, plan: Plan) -> dict[str, AxisLink]:
     return lay_out(chip, degrees, {}, AXIS_ORDER_INNER_TO_OUTER)
 
 
-def group_time(links: list[AxisLink], kind: str, nbytes: float, chip: Chip) -> float:
+def group_time(links: list[AxisLink], kind: str, nbytes: float, chip: Chip, flat: bool = False) -> float:
     """A collective over several axes at once, done hierarchically: innermost axis first, each outer axis
     on the 1/prod(inner sizes) share of the buffer."""
     t, share = 0.0, nbytes
     for link in links:
-        t += collective_time(link, kind, share, chip.eff.link, chip.eff.net)
+        t += collective_time(link, kind, share, chip.eff.link, chip.eff.net, flat)
         share /= link.size
     return t
 
@@ -183,8 +183,9 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     if wshards > 1:
         wbytes = mem.layer_weight_elems * BF16  # one layer's weights on this chip before sharding over fsdp
         gbytes = mem.layer_weight_elems * mem.grad_reduce_bytes
-        t_ag = group_time(wlinks, "all-gather", wbytes, chip)
-        t_rs = group_time(wlinks, "reduce-scatter", gbytes, chip)
+        flat = job.framework == "deepspeed"
+        t_ag = group_time(wlinks, "all-gather", wbytes, chip, flat)
+        t_rs = group_time(wlinks, "reduce-scatter", gbytes, chip, flat)
         exp_f = max(0.0, t_ag - ov * st.layer_fwd)
         exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
         n = layers * micro_steps

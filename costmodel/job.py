@@ -7,15 +7,19 @@ from dataclasses import dataclass
 from hardware.errors import InputError
 
 PRECISIONS = ("bf16", "fp16", "fp8", "int8")
-FRAMEWORKS = ("maxtext", "megatron")
+FRAMEWORKS = ("maxtext", "megatron", "pytorch-fsdp", "deepspeed")
 
 
 @dataclass(frozen=True)
 class Job:
     """seq_len in tokens, global_batch in sequences per optimizer step.
 
-    framework picks the state convention: 'maxtext' keeps fp32 weights (4 B) and fp32 Adam moments, computes in
-    bf16; 'megatron' keeps bf16 weights (2 B) plus fp32 master weights and moments in the optimizer (12 B).
+    framework picks the conventions of the training stack (costmodel.memory.CONVENTIONS):
+      maxtext:      fp32 weights and Adam moments, bf16 compute, fp32 gradient accumulator (JAX/XLA).
+      megatron:     bf16 weights, fp32 main gradients, fp32 master weights + moments in the optimizer (12 B).
+      pytorch-fsdp: fp32 sharded weights (amp_bf16 compute), fp32 gradients accumulated in place (llm-foundry).
+      deepspeed:    Megatron's state layout; ZeRO-3 parameter gathers run as flat collectives over the data
+                    group (one NIC per rank across nodes, no multi-rail aggregation), as DeepSpeed 2021 did.
     """
 
     seq_len: int

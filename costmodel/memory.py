@@ -23,10 +23,12 @@ BF16 = 2
 
 CONVENTIONS = {
     # name: (weight bytes, gradient bytes, optimizer bytes per param, Adam update HBM bytes per param)
-    # Adam update traffic: maxtext reads p, g, m, v and writes p, m, v in fp32 (7 x 4 B);
-    # megatron reads g, master, m, v and writes master, m, v (fp32) plus the bf16 weight copy (7 x 4 + 2 B).
+    # Adam update traffic: fp32 weights: read p, g, m, v and write p, m, v (7 x 4 B);
+    # bf16 weights + master: read g, master, m, v, write master, m, v (fp32) and the bf16 weight copy (7 x 4 + 2 B).
     "maxtext": (4, 4, 8, 28),
+    "pytorch-fsdp": (4, 4, 8, 28),
     "megatron": (2, 4, 12, 30),
+    "deepspeed": (2, 4, 12, 30),
 }
 
 
@@ -92,7 +94,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # ---- model state --------------------------------------------------------------------------------------
     weights = 0.0 if plan.offload_params else params * w_b
     weights_working = params * BF16 if plan.offload_params else 0.0  # bf16 copy streamed in for compute
-    accum_buf = grad_params * 4 if (accum > 1 and job.framework == "maxtext") else 0.0
+    accum_buf = grad_params * 4 if (accum > 1 and job.framework == "maxtext") else 0.0  # MaxText's accumulator
     grads = grad_params * g_b + accum_buf
     optimizer = 0.0 if plan.offload_optimizer else opt_params * o_b
 
@@ -109,7 +111,9 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         extra = extra_saved_elems_per_token(m, plan, moe)
         dev = sum(el[t] for t in TENSORS if choices[t] == "device")
         if plan.remat.count("remat") == 0:
-            dev += extra
+            # Nothing recomputed: the norm outputs and MLP activation are kept too, and the MLP output is the
+            # next layer's input (already counted there), as in Korthikanti et al.'s per-layer sum.
+            dev += extra - (el["mlp_out"] if choices["mlp_out"] == "device" else 0.0)
         saved += frac * dev * tokens * BF16
         offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
         none_all = max(none_all, (sum(el.values()) + extra) * tokens * BF16)
@@ -118,8 +122,8 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     else:
         inflight = 1
     act_saved = saved * layers_stage * inflight
-    # Backward of one layer holds all its intermediates (recomputed if needed) and their gradients.
-    act_working = 2 * none_all
+    # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
+    act_working = none_all
     # Logits and loss: bf16 logits plus their fp32 upcast for the cross-entropy (vocab-sharded by tp), on the
     # last stage; the gradient reuses the fp32 buffer.
     logit_bytes = 6

@@ -70,8 +70,8 @@ class ModelSpec:
                 raise InputError(f"{where}: field {f!r} is a multi-head latent attention field and needs "
                                  "kv_lora_rank > 0")
         if self.is_mla and self.qk_rope_head_dim >= self.head_dim:
-            raise InputError(f"{where}: field 'qk_rope_head_dim' ({self.qk_rope_head_dim}) must be smaller than "
-                             f"head_dim ({self.head_dim}, the no-RoPE + RoPE query/key head size)")
+            raise InputError(f"{where}: field 'qk_rope_head_dim' ({self.qk_rope_head_dim}) must be smaller "
+                             f"than head_dim ({self.head_dim}, the no-RoPE + RoPE query/key head size)")
         if self.is_mla and self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim - self.qk_rope_head_dim)
 

@@ -6,8 +6,8 @@ Row conventions (from RUNS_SCHEMA.md; no per-row numbers are invented here):
     global_batch / (dp*fsdp*ep * grad_accum), with grad_accum = 1 for MaxText rows (no accumulation in
     those runs) and global_batch / (dp*fsdp*ep*micro_batch) otherwise. A missing micro_batch (Megatron 2021
     Table 1) is taken as 1, the value of the paper's weak-scaling runs' smallest memory footprint.
-  - framework: maxtext, mosaic (FSDP amp_bf16: fp32 weights) and palm use the 'maxtext' state convention;
-    megatron, nemo and deepspeed use 'megatron' (bf16 weights + fp32 master copies).
+  - framework: maxtext and palm -> 'maxtext'; mosaic (llm-foundry, FSDP amp_bf16) -> 'pytorch-fsdp';
+    megatron and nemo -> 'megatron'; deepspeed -> 'deepspeed' (see costmodel.job.Job).
   - sequence parallelism: Megatron-LM 2021 (Narayanan et al.) predates it; every other tp > 1 run uses it.
   - remat 'custom': tensor choices from the notes ('remat custom: a=offload, ...'); PaLM's own scheme (no
     such list) is costed as 'full', the closest policy.
@@ -28,7 +28,9 @@ from hardware.catalog import load_hardware, preset_names
 from hardware.chip import Chip
 from hardware.errors import InputError
 
-MAXTEXT_CONVENTION = {"maxtext", "mosaic", "palm", "other"}
+# Source framework -> our framework convention (costmodel.job.Job.framework).
+FRAMEWORK_CONVENTION = {"maxtext": "maxtext", "palm": "maxtext", "other": "maxtext", "mosaic": "pytorch-fsdp",
+                        "megatron": "megatron", "nemo": "megatron", "deepspeed": "deepspeed"}
 REQUIRED = ("id", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size", "seq_len", "hardware", "chips",
             "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch", "measured_step_time_s")
 
@@ -80,7 +82,7 @@ def row_to_case(row: dict[str, str]) -> Case:
     if row["hardware"] not in preset_names():
         raise InputError(f"no hardware profile {row['hardware']!r}")
     fw = (row.get("framework") or "").strip()
-    convention = "maxtext" if fw in MAXTEXT_CONVENTION else "megatron"
+    convention = FRAMEWORK_CONVENTION.get(fw, "megatron")
     n_exp = _int(row, "n_experts", 0) or 0
     model = ModelSpec(
         name=row.get("model_name") or row["id"], n_layers=_int(row, "n_layers"), d_model=_int(row, "d_model"),

@@ -12,7 +12,12 @@ class InputError(ValueError):
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest choice, or '' when nothing is close."""
-    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    choices = list(choices)
+    name = str(name)
+    prefixed = sorted(c for c in choices if c.startswith(name) or name.startswith(c))
+    if prefixed:  # 'h100' -> 'h100-sxm'; ties go to the shortest, then alphabetical ('tpu-v5' -> 'tpu-v5e')
+        return f" (did you mean {min(prefixed, key=lambda c: (len(c), c))!r}?)"
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -160,13 +160,19 @@ def _ring(n: int, nbytes: float, bw: float, lat: float) -> float:
     return (n - 1) / n * nbytes / bw + (n - 1) * lat
 
 
-def collective_time(link: AxisLink, kind: str, nbytes: float, link_eff: float = 1.0, net_eff: float = 1.0) -> float:
+def collective_time(link: AxisLink, kind: str, nbytes: float, link_eff: float = 1.0, net_eff: float = 1.0,
+                    flat: bool = False) -> float:
     """Seconds for one collective over `link`. nbytes: full (unsharded) buffer per chip for all-gather,
-    reduce-scatter and all-reduce; bytes each chip sends for all-to-all and p2p."""
+    reduce-scatter and all-reduce; bytes each chip sends for all-to-all and p2p.
+    flat: one ring over all members, so every rank's network share goes through its own single NIC
+    ((n-1)/n of the buffer), instead of the hierarchical/multi-rail split."""
     if link.size <= 1 or nbytes <= 0:
         return 0.0
     bw_in, bw_out = link.inner_bw_Bps * link_eff, link.outer_bw_Bps * net_eff
     if kind in ("all-gather", "reduce-scatter", "all-reduce"):
+        if flat and link.outer > 1:
+            t = _ring(link.size, nbytes, bw_out, link.outer_latency_s)
+            return 2 * t if kind == "all-reduce" else t
         t = _ring(link.inner, nbytes, bw_in, link.inner_latency_s)
         t += _ring(link.outer, nbytes / link.inner, bw_out, link.outer_latency_s)
         return 2 * t if kind == "all-reduce" else t

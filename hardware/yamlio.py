@@ -37,6 +37,11 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Check one value against a (simple) annotation; ints are accepted where floats are expected."""
     origin = typing.get_origin(typ)
     if typ is float:
+        if isinstance(value, str):  # YAML 1.1 reads '2.765e12' (no exponent sign) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise InputError(f"{where}: expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InputError(f"{where}: expected a number, got {value!r}")
         return float(value)
