@@ -89,3 +89,70 @@ def write_overlay(chip_name: str, eff: Efficiency, stats: dict[str, float], sour
     header = "# Written by `planner calibrate`; do not edit by hand. Efficiency overlay for the sourced profile.\n"
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+# Chips with the same silicon, host and network share one fit (their rows differ only in HBM capacity).
+CALIBRATION_GROUPS = {"a100-40gb": "a100", "a100-80gb": "a100"}
+
+
+def calibrate_all(file: str, only: list[str] | None = None, write: bool = True):
+    """Fit every chip (or group of chips) that has rows in `file`; yield (name, eff, stats, overlay path)."""
+    from costmodel.published import load_cases
+    from hardware.catalog import load_hardware, preset_names, with_calibration
+
+    cases, _ = load_cases(file)
+    if only:
+        for name in only:
+            if name not in preset_names():
+                from hardware.errors import unknown
+
+                raise unknown("hardware", name, preset_names())
+        cases = [c for c in cases if c.chip.name in only]
+    groups: dict[str, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(CALIBRATION_GROUPS.get(c.chip.name, c.chip.name), []).append(c)
+    for group, cs in sorted(groups.items()):
+        members = sorted({c.chip.name for c in cs})
+        base = load_hardware(members[0])
+        # Start from the defaults so that a refit does not depend on the previous overlay.
+        base = replace(base, eff=Efficiency())
+
+        def strip(c: Case, _b=base) -> Case:
+            chip = replace(c.chip, eff=_b.eff)
+            return replace(c, chip=chip)
+
+        cs = [strip(c) for c in cs]
+        eff, stats = _fit_group(cs)
+        paths = [write_overlay(m, eff, stats, Path(file).name) if write else None for m in members]
+        with_calibration.cache_clear()
+        yield "+".join(members), eff, stats, ", ".join(str(p) for p in paths if p)
+
+
+def _fit_group(cases: list[Case]) -> tuple[Efficiency, dict[str, float]]:
+    """Fit one efficiency set shared by all chips of the cases (same silicon, different HBM)."""
+    names = list(BOUNDS)
+    x0 = np.array([getattr(Efficiency(), n) for n in names], dtype=float)
+    lo = np.array([BOUNDS[n][0] for n in names])
+    hi = np.array([BOUNDS[n][1] for n in names])
+    scale = np.array([BOUNDS[n][2] for n in names])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+    def chipped(x: np.ndarray) -> list[Case]:
+        kw = dict(zip(names, map(float, x), strict=True))
+        return [replace(c, chip=replace(c.chip, eff=replace(c.chip.eff, **kw))) for c in cases]
+
+    def res(cs: list[Case]) -> np.ndarray:
+        out = []
+        for c in cs:
+            t = estimate(c.model, c.chip, c.job, c.plan).step_time_s
+            out.append(math.log(t / c.measured_step_time_s))
+        return np.asarray(out)
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([res(chipped(x)), PRIOR_WEIGHT * (x - x0) / scale])
+
+    sol = least_squares(f, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3, max_nfev=200)
+    r = res(chipped(sol.x))
+    pct = np.abs(np.expm1(r)) * 100
+    eff = Efficiency(**dict(zip(names, map(float, sol.x), strict=True)))
+    return eff, {"rows": len(r), "mape_pct": float(pct.mean()), "worst_pct": float(pct.max())}

@@ -1,0 +1,74 @@
+"""Rendering a Cost as rich tables or JSON. No logic beyond formatting."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.cost import Cost
+from costmodel.plan import Plan
+
+GIB = 2**30
+
+
+def plan_summary(plan: Plan) -> str:
+    d = plan.degrees()
+    deg = " ".join(f"{a}={v}" for a, v in d.items() if v > 1) or "single chip"
+    extra = [f"mb={plan.micro_batch}", f"remat={plan.remat.summary()}"]
+    if plan.vpp > 1:
+        extra.append(f"vpp={plan.vpp}")
+    if plan.zero:
+        extra.append(f"zero={plan.zero}")
+    if plan.offload_optimizer:
+        extra.append("offload=optimizer")
+    if plan.offload_params:
+        extra.append("offload=params")
+    if plan.slices > 1:
+        extra.append(f"slices={plan.slices}")
+    return deg + "  " + " ".join(extra)
+
+
+def plan_dict(plan: Plan) -> dict:
+    return {**plan.degrees(), "vpp": plan.vpp, "micro_batch": plan.micro_batch, "zero": plan.zero,
+            "sequence_parallel": plan.sequence_parallel, "remat": plan.remat.name,
+            "remat_tensors": plan.remat.choices(), "offload_optimizer": plan.offload_optimizer,
+            "offload_params": plan.offload_params, "slices": plan.slices}
+
+
+def print_json(obj: dict) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
+    console = console or Console()
+    head = Table(title=title, show_header=False)
+    head.add_column("metric", style="bold")
+    head.add_column("value", justify="right")
+    fit = "yes" if cost.fits else f"NO (over by {cost.overflow_bytes / GIB:.1f} GiB)"
+    for k, v in (("step time", f"{cost.step_time_s:.3f} s"), ("MFU", f"{cost.mfu * 100:.1f} %"),
+                 ("HFU", f"{cost.hfu * 100:.1f} %"), ("tokens/s", f"{cost.tokens_per_s:,.0f}"),
+                 ("TFLOP/s per chip", f"{cost.tflops_per_chip:.1f}"),
+                 ("memory per chip", f"{cost.peak_memory_bytes / GIB:.2f} / {cost.hbm_usable_bytes / GIB:.1f} GiB"),
+                 ("fits", fit), ("gradient accumulation", str(cost.grad_accum)),
+                 ("state convention", cost.convention)):
+        head.add_row(k, v)
+    if cost.host_memory_bytes:
+        head.add_row("host memory per chip", f"{cost.host_memory_bytes / GIB:.2f} GiB")
+    console.print(head)
+    t = Table(title="step time breakdown")
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in cost.time.items():
+        if v > 0:
+            t.add_row(k, f"{v:.3f}", f"{v / cost.step_time_s * 100:.1f} %")
+    m = Table(title="memory per chip")
+    m.add_column("part")
+    m.add_column("GiB", justify="right")
+    for k, v in cost.memory.items():
+        if v > 0:
+            m.add_row(k, f"{v / GIB:.2f}")
+    console.print(t)
+    console.print(m)

@@ -1,0 +1,245 @@
+"""Hand-computed FLOPs, bytes and memory for small cases, plus invariants of the cost model."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from costmodel.estimate import dcn_split, estimate
+from costmodel.flops import layer_ops, model_flops_per_token
+from costmodel.job import Job
+from costmodel.memory import memory_terms, tensor_elems_per_token
+from costmodel.model import ModelSpec
+from costmodel.plan import REMAT_POLICIES, Plan, parse_remat
+from hardware.catalog import load_hardware
+from hardware.errors import InputError
+from hardware.topology import AxisLink, collective_time, slice_shape
+
+# A tiny GQA model: d=64, 4 query heads of 16, 2 kv heads, gated MLP 128, vocab 100, 2 layers.
+TINY = ModelSpec("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=100)
+TINY_MOE = ModelSpec("tiny-moe", n_layers=2, d_model=64, n_heads=4, ffn_dim=128, vocab_size=100,
+                     n_experts=4, experts_per_token=2, moe_ffn_dim=32)
+V5P = load_hardware("tpu-v5p")
+H100 = load_hardware("h100-sxm")
+
+
+def test_gqa_param_count_by_hand():
+    # q 64*64 + k,v 2*64*32 + o 64*64 = 12288 per layer; MLP 3*64*128 = 24576; norms 2*64.
+    per_layer = 12288 + 24576 + 128
+    assert TINY.total_params() == 2 * per_layer + 2 * 100 * 64 + 64
+
+
+def test_layer_flops_by_hand_gqa():
+    ops = {op.name: op for op in layer_ops(TINY, tokens=10, seq_len=10, tp=1, cp=1, moe=False)}
+    assert ops["qkv_proj"].flops == 2 * 10 * 64 * (64 + 2 * 32)
+    assert ops["out_proj"].flops == 2 * 10 * 64 * 64
+    assert ops["mlp_in"].flops == 2 * 10 * 64 * 2 * 128
+    assert ops["mlp_out"].flops == 2 * 10 * 128 * 64
+    # Causal attention: QK^T and PV, 2*s*s*64 each, half of the pairs.
+    assert ops["attention"].flops == 2 * 10 * 10 * (64 + 64) * 0.5
+    split = {op.name: op for op in layer_ops(TINY, tokens=10, seq_len=10, tp=2, cp=1, moe=False)}
+    assert split["mlp_in"].flops == ops["mlp_in"].flops / 2
+
+
+def test_model_flops_per_token_by_hand():
+    # 6 x (matmul weights: 2 layers x (12288 + 24576) + logits 100*64) + 3 x causal attention (2*s*(64+64)/2 per layer)
+    s = 16
+    expected = 6 * (2 * (12288 + 24576) + 6400) + 3 * 2 * (2 * s * 128 * 0.5)
+    assert model_flops_per_token(TINY, s) == pytest.approx(expected)
+
+
+def test_moe_flops_by_hand():
+    ops = {op.name: op for op in layer_ops(TINY_MOE, tokens=8, seq_len=8, tp=1, cp=1, moe=True)}
+    assert ops["router"].flops == 2 * 8 * 64 * 4
+    # Two experts per token, each 3 matrices of 64x32: mlp_in has the two input matrices.
+    assert ops["mlp_in"].flops == 2 * 8 * 2 * 64 * 2 * 32
+    assert ops["mlp_out"].flops == 2 * 8 * 2 * 32 * 64
+    assert TINY_MOE.active_params() < TINY_MOE.total_params()
+
+
+def test_memory_by_hand_fsdp_maxtext():
+    m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
+    job = Job(seq_len=128, global_batch=8, framework="maxtext")
+    plan = Plan(fsdp=8, micro_batch=1, zero=3, remat=REMAT_POLICIES["full"])
+    mem = memory_terms(m, V5P, job, plan, accum=1)
+    params = m.total_params() - m.d_model  # final norm is not in the per-layer/embedding split
+    assert mem.param_elems == pytest.approx((params) / 8, rel=1e-3)
+    # fp32 weights + fp32 grads + fp32 Adam moments = 16 bytes per parameter, no accumulator at accum=1.
+    b = mem.breakdown
+    assert b["weights"] + b["gradients"] + b["optimizer"] == pytest.approx(16 * mem.param_elems)
+    # Full remat keeps only the layer input: d bf16 values per token per layer.
+    assert b["activations"] == pytest.approx(4 * 128 * 256 * 2)
+
+
+def test_megatron_convention_and_zero1():
+    m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
+    job = Job(seq_len=128, global_batch=16, framework="megatron")
+    plan = Plan(dp=4, micro_batch=1, zero=1)
+    mem = memory_terms(m, H100, job, plan, accum=4)
+    assert mem.breakdown["weights"] == pytest.approx(2 * mem.param_elems)
+    assert mem.breakdown["optimizer"] == pytest.approx(12 * mem.param_elems / 4)
+
+
+def test_activation_none_matches_korthikanti_without_dropout():
+    # GPT layer (h, 4h plain MLP, MHA): Korthikanti's 34*s*b*h minus two dropout masks (2 sbh) = 32 sbh bytes.
+    m = ModelSpec("gpt", n_layers=1, d_model=1024, n_heads=16, ffn_dim=4096, vocab_size=1000, gated_mlp=False)
+    job = Job(seq_len=512, global_batch=1, framework="megatron")
+    mem = memory_terms(m, H100, job, Plan(remat=REMAT_POLICIES["none"]), accum=1)
+    assert mem.breakdown["activations"] == pytest.approx(32 * 512 * 1024)
+
+
+def test_sequence_parallel_shards_layer_input():
+    plan = Plan(tp=4, sequence_parallel=True)
+    el = tensor_elems_per_token(TINY, plan, moe=False)
+    assert el["layer_input"] == 16 and el["qkv_proj"] == (64 + 64) / 4
+
+
+def test_pipeline_bubble_and_inflight():
+    m = ModelSpec("m", n_layers=8, d_model=512, n_heads=8, ffn_dim=2048, vocab_size=1000)
+    job = Job(seq_len=256, global_batch=32)
+    c1 = estimate(m, H100, job, Plan(dp=2, pp=4, micro_batch=1))
+    c2 = estimate(m, H100, job, Plan(dp=2, pp=4, vpp=2, micro_batch=1))
+    assert c1.grad_accum == 16
+    assert c2.time["bubble"] == pytest.approx(c1.time["bubble"] / 2, rel=1e-6)
+    per_micro = (c1.time["compute"] + c1.time["recompute"] + c1.time["memory_bound"]) / 16
+    assert c1.time["bubble"] == pytest.approx(3 * per_micro)
+
+
+def test_ring_collective_time_by_hand():
+    link = AxisLink("fsdp", 4, 4, 1, 100e9, 10e9, 1e-6, 1e-5)
+    # all-gather of 1 GB over 4: 3/4 GB at 100 GB/s + 3 latency steps
+    assert collective_time(link, "all-gather", 1e9) == pytest.approx(0.75e9 / 100e9 + 3e-6)
+    assert collective_time(link, "all-reduce", 1e9) == pytest.approx(2 * (0.75e9 / 100e9 + 3e-6))
+    hier = AxisLink("fsdp", 16, 4, 4, 100e9, 10e9, 0.0, 0.0)
+    # inner phase on the full buffer, network phase on a quarter of it
+    assert collective_time(hier, "all-gather", 1e9) == pytest.approx(0.75e9 / 100e9 + 0.75 * 0.25e9 / 10e9)
+
+
+def test_tpu_slice_shapes_and_errors():
+    assert slice_shape(V5P, 64) == (4, 4, 4)
+    assert math.prod(slice_shape(V5P, 6144)) == 6144
+    with pytest.raises(InputError, match="nearest valid"):
+        slice_shape(V5P, 7000)
+
+
+def test_dcn_split_data_first():
+    assert dcn_split(Plan(dp=2, fsdp=64, slices=2)) == {"dp": 2, "pp": 1, "fsdp": 1}
+    assert dcn_split(Plan(fsdp=512, slices=2)) == {"dp": 1, "pp": 1, "fsdp": 2}
+    with pytest.raises(InputError, match="slices"):
+        dcn_split(Plan(tp=4, slices=4))
+
+
+@pytest.mark.parametrize("plan, match", [
+    (Plan(fsdp=4), "product"),
+    (Plan(tp=8), "n_heads"),
+    (Plan(pp=3), "n_layers"),
+    (Plan(ep=2), "MoE"),
+    (Plan(dp=4, micro_batch=4), "global_batch"),
+])
+def test_constraint_errors(plan, match):
+    chips = 8 if match == "product" else None
+    with pytest.raises(InputError, match=match):
+        estimate(TINY, H100, Job(seq_len=64, global_batch=8), plan, chips)
+
+
+def test_cp_must_divide_seq():
+    with pytest.raises(InputError, match="cp"):
+        estimate(TINY, H100, Job(seq_len=30, global_batch=8), Plan(cp=4))
+
+
+LLAMA = ModelSpec("l", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256)
+JOB = Job(seq_len=4096, global_batch=64)
+
+
+def test_invariants_flops_and_recompute():
+    a = estimate(LLAMA, V5P, JOB, Plan(fsdp=64, remat=REMAT_POLICIES["none"]))
+    b = estimate(LLAMA, V5P, JOB, Plan(fsdp=16, tp=4, remat=REMAT_POLICIES["full"]))
+    sel = estimate(LLAMA, V5P, JOB, Plan(fsdp=64, remat=REMAT_POLICIES["selective"]))
+    full = estimate(LLAMA, V5P, JOB, Plan(fsdp=64, remat=REMAT_POLICIES["full"]))
+    assert a.model_flops_per_step == b.model_flops_per_step
+    assert a.time["recompute"] == 0 and a.hardware_flops_per_step == a.model_flops_per_step
+    assert 0 < sel.time["recompute"] < full.time["recompute"]
+    for c in (a, b, sel, full):
+        assert 0 < c.mfu <= c.hfu <= 1
+        assert c.step_time_s == pytest.approx(sum(c.time.values()))
+        assert c.peak_memory_bytes == pytest.approx(sum(c.memory.values()))
+
+
+def test_invariants_memory_monotone():
+    weights = [estimate(LLAMA, V5P, JOB, Plan(fsdp=f, dp=64 // f)).memory["weights"] for f in (1, 2, 8, 64)]
+    assert weights == sorted(weights, reverse=True)
+    c = estimate(LLAMA, V5P, JOB, Plan(fsdp=64))
+    bigger = replace(V5P, hbm_bytes=V5P.hbm_bytes * 2)
+    assert c.fits <= estimate(LLAMA, bigger, JOB, Plan(fsdp=64)).fits
+
+
+def test_doubling_batch_keeps_or_raises_throughput():
+    c1 = estimate(LLAMA, V5P, JOB, Plan(fsdp=64))
+    c2 = estimate(LLAMA, V5P, replace(JOB, global_batch=128), Plan(fsdp=64))
+    assert c2.tokens_per_s >= c1.tokens_per_s * 0.999
+
+
+def test_offload_moves_memory_to_host():
+    base = estimate(LLAMA, V5P, JOB, Plan(fsdp=64, remat=REMAT_POLICIES["save_qkv_proj"]))
+    off = estimate(LLAMA, V5P, JOB, Plan(fsdp=64, remat=parse_remat("custom:qkv_proj=offload"),
+                                         offload_optimizer=True))
+    assert off.peak_memory_bytes < base.peak_memory_bytes
+    assert off.host_memory_bytes > 0 and base.host_memory_bytes == 0
+
+
+def test_remat_policy_names():
+    assert parse_remat("minimal").context == "remat"
+    assert parse_remat("custom:query_proj=offload,mlpwo=device").qkv_proj == "offload"
+    with pytest.raises(InputError, match="did you mean"):
+        parse_remat("ful")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_estimate_cli_json():
+    r = run_cli("estimate", "--model", "llama3-8b", "--hardware", "tpu-v5p", "--chips", "64", "--fsdp", "64",
+                "--global-batch", "64", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("step_time_s", "mfu", "hfu", "tokens_per_s", "tflops_per_chip", "peak_memory_bytes", "fits",
+                "breakdown"):
+        assert key in out
+    assert out["breakdown"]["time_s"]["compute"] > 0
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--fsdp", "32"), "product"),
+    (("--fsdp", "16", "--tp", "4", "--remat", "bogus"), "remat"),
+    (("--fsdp", "64", "--ep", "1", "--cp", "1", "--micro-batch", "0"), "micro-batch"),
+])
+def test_estimate_cli_bad_input(args, match):
+    r = run_cli("estimate", "--model", "llama3-8b", "--chips", "64", "--global-batch", "64", *args)
+    assert r.returncode == 2
+    assert match in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bench_published_json(tmp_path):
+    csv = tmp_path / "runs.csv"
+    csv.write_text(
+        "id,source,model_name,n_layers,d_model,n_heads,n_kv_heads,head_dim,ffn_dim,vocab_size,gated_mlp,"
+        "tied_embeddings,seq_len,hardware,chips,slices,tp,pp,vpp,cp,ep,dp,fsdp,zero,micro_batch,global_batch,"
+        "remat,precision,framework,measured_step_time_s\n"
+        "r1,s,x,32,4096,32,8,128,14336,128256,true,false,4096,tpu-v5p,64,1,1,1,1,1,1,1,64,3,1,64,full,bf16,"
+        "maxtext,5.0\n"
+        "r2,s,x,32,4096,32,8,128,14336,128256,true,false,4096,tpu-v3,64,1,1,1,1,1,1,1,64,3,1,64,full,bf16,"
+        "maxtext,5.0\n")
+    r = run_cli("bench", "published", "--file", str(csv), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = {row["id"]: row for row in out["rows"]}
+    assert rows["r1"]["predicted_step_time_s"] > 0 and "error_pct" in rows["r1"]
+    assert "skipped" in rows["r2"]
+    assert "overall" in out["mape_pct"]
