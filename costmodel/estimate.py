@@ -118,7 +118,7 @@ class StageTimes:
 
 
 def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
-    peak = chip.peak_flops(job.precision)
+    peak = chip.effective_peak_flops(job.precision)
     tokens = plan.micro_batch * job.seq_len / plan.cp
     kinds = [(False, m.n_dense_mlp_layers), (True, m.n_moe_layers)]
     fwd = bwd = rec = elem = attn = flops = rflops = 0.0

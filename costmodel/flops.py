@@ -42,14 +42,17 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
         qkv_params, qk_width, v_width = d * (m.q_dim + 2 * m.kv_dim), m.q_dim, m.q_dim
     out.append(Op("qkv_proj", 2 * tokens * qkv_params / tp, min(d, (m.q_dim + 2 * m.kv_dim) / tp, tokens),
                   "qkv_proj"))
-    # Scores Q K^T (2*s_q*s_k*width) and context P V (2*s_q*s_k*v_width), causal: half the (s_q, s_k) pairs.
-    attn = 2 * tokens * seq_len * (qk_width + v_width) / tp * 0.5
+    # Scores Q K^T (2*width per query-key pair) and context P V (2*v_width per pair); causal masking (and any
+    # sliding window) sets the pairs per query: s/2 for full causal attention (ModelSpec.mean_attended_keys).
+    attn = 2 * tokens * m.mean_attended_keys(seq_len) * (qk_width + v_width) / tp
     out.append(Op("attention", attn, m.head_dim, "context", is_attention=True))
     out.append(Op("out_proj", 2 * tokens * v_width * d / tp, min(d, v_width / tp, tokens), "out_proj"))
     if moe:
         k = m.experts_per_token + m.n_shared_experts
         out.append(Op("router", 2 * tokens * d * m.n_experts, min(d, m.n_experts, tokens), ""))
-        ffn, width = m.moe_ffn_dim, k
+        # Token-dropping MoE pads each expert's batch to capacity: cf x the routed tokens are computed.
+        cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
+        ffn, width = m.moe_ffn_dim, m.experts_per_token * cf + m.n_shared_experts
     else:
         ffn, width = m.ffn_dim, 1
     n_in = 2 if m.gated_mlp else 1
@@ -72,5 +75,5 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     matmul_params = m.active_params() - m.vocab_size * m.d_model * (0 if m.tied_embeddings else 1)
     matmul_params -= m.n_layers * m.layer_norm_params() + m.d_model
     v_width = m.n_heads * (m.v_head_dim if m.is_mla else m.head_dim)
-    attn = m.n_layers * 2 * seq_len * (m.q_dim + v_width) * 0.5
+    attn = m.n_layers * 2 * m.mean_attended_keys(seq_len) * (m.q_dim + v_width)
     return 6 * matmul_params + 3 * attn

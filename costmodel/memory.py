@@ -128,8 +128,8 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # last stage; the gradient reuses the fp32 buffer.
     logit_bytes = 6
     logits = tokens * m.vocab_size / plan.tp * logit_bytes
-    # FSDP: two layers of gathered bf16 weights (prefetch) and one layer of full fp32 gradients.
-    coll = (2 * BF16 + 4) * layer_w if weight_shards > 1 else 0.0
+    # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
+    coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
 
     if plan.pp > 1:
         last_stage = act_saved / inflight + logits

@@ -28,6 +28,9 @@ class ModelSpec:
     moe_ffn_dim: int = 0  # 0 -> ffn_dim
     n_dense_layers: int = 0  # leading dense layers of a MoE model
     n_shared_experts: int = 0
+    sliding_window: int = 0  # local attention window in tokens (0 = every layer attends to the whole prefix)
+    local_per_global: int = 0  # with a window: local layers per global layer (Gemma 3: 5); 0 = all local
+    capacity_factor: float = 0.0  # token-dropping MoE: experts compute on cf x their fair share; 0 = dropless
     # Multi-head latent attention (DeepSeek-V2/V3); all 0 = ordinary attention.
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -111,6 +114,21 @@ class ModelSpec:
     def mlp_matrices(self) -> int:
         """Weight matrices per MLP: 3 for gated (SwiGLU), 2 for plain."""
         return 3 if self.gated_mlp else 2
+
+    def mean_attended_keys(self, seq_len: int) -> float:
+        """Keys one query attends to, averaged over positions and layers, under a causal mask.
+
+        Full causal attention: s/2 on average. A causal sliding window w < s: w - w^2/(2s).
+        """
+        full = seq_len / 2
+        if self.sliding_window <= 0 or self.sliding_window >= seq_len:
+            return full
+        w = self.sliding_window
+        local = w - w * w / (2 * seq_len)
+        if self.local_per_global <= 0:
+            return local
+        k = self.local_per_global
+        return (k * local + full) / (k + 1)
 
     # ---- parameter counts -------------------------------------------------------------------------
     def attn_params(self) -> int:

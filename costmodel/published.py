@@ -31,7 +31,7 @@ from hardware.errors import InputError
 # Source framework -> our framework convention (costmodel.job.Job.framework).
 FRAMEWORK_CONVENTION = {"maxtext": "maxtext", "palm": "maxtext", "other": "maxtext", "mosaic": "pytorch-fsdp",
                         "megatron": "megatron", "nemo": "megatron", "deepspeed": "deepspeed"}
-REQUIRED = ("id", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size", "seq_len", "hardware", "chips",
+REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size", "seq_len", "hardware", "chips",
             "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch", "measured_step_time_s")
 
 
@@ -63,6 +63,18 @@ def _bool(row: dict[str, str], key: str) -> bool:
     return (row.get(key) or "").strip().lower() in ("true", "1", "yes")
 
 
+def _sliding_window(row: dict[str, str]) -> dict[str, int]:
+    """'5 local (sliding window 1024) : 1 global' in a row's notes (Gemma 3)."""
+    hit = re.search(r"(\d+) local \(sliding window (\d+)\) : 1 global", row.get("notes") or "")
+    return {"local_per_global": int(hit.group(1)), "sliding_window": int(hit.group(2))} if hit else {}
+
+
+def _capacity_factor(row: dict[str, str]) -> float:
+    """'capacity factor 1.25' in a row's notes (token-dropping MoE); 0 = dropless."""
+    hit = re.search(r"capacity[ _]factor\s*([0-9.]+)", row.get("notes") or "")
+    return float(hit.group(1)) if hit else 0.0
+
+
 def _remat(row: dict[str, str]) -> str:
     name = (row.get("remat") or "").strip() or "full"
     if name != "custom":
@@ -78,7 +90,8 @@ def row_to_case(row: dict[str, str]) -> Case:
     """Build one case or raise InputError with the reason the row cannot be estimated."""
     for key in REQUIRED:
         if (row.get(key) or "").strip() == "":
-            raise InputError(f"missing {key}")
+            why = re.search(r"UNUSABLE[^|]*", row.get("notes") or "")
+            raise InputError(f"missing {key}" + (f" ({why.group(0).strip()[:120]})" if why else ""))
     if row["hardware"] not in preset_names():
         raise InputError(f"no hardware profile {row['hardware']!r}")
     fw = (row.get("framework") or "").strip()
@@ -92,7 +105,8 @@ def row_to_case(row: dict[str, str]) -> Case:
         experts_per_token=_int(row, "experts_per_token", 0) if n_exp else 0,
         moe_ffn_dim=_int(row, "moe_ffn_dim", 0) if n_exp else 0,
         n_dense_layers=_int(row, "n_dense_layers", 0) if n_exp else 0,
-        n_shared_experts=_int(row, "n_shared_experts", 0) if n_exp else 0)
+        n_shared_experts=_int(row, "n_shared_experts", 0) if n_exp else 0,
+        capacity_factor=_capacity_factor(row) if n_exp else 0.0, **_sliding_window(row))
     precision = {"fp16": "bf16"}.get(row.get("precision") or "bf16", row.get("precision") or "bf16")
     job = Job(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"), precision=precision,
               framework=convention)

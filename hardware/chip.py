@@ -26,6 +26,8 @@ class Efficiency:
     overlap:         fraction of overlappable communication (fsdp/dp/cp/offload) that compute hides.
     tp_overlap:      fraction of tensor-parallel activation collectives hidden behind the layer's matmuls
                      (0 for Megatron-2021-style blocking all-reduces; XLA's async collective matmuls hide most).
+    lowp_gain:       fraction of the nominal fp8/int8 speed-up over bf16 that training matmuls realise
+                     (scaling and casts around each quantized matmul eat part of it).
     step_overhead_s: fixed per-step time (launch, data loading, logging).
     """
 
@@ -37,6 +39,7 @@ class Efficiency:
     net: float = 0.7
     overlap: float = 0.85
     tp_overlap: float = 0.0
+    lowp_gain: float = 1.0
     step_overhead_s: float = 0.0
 
 
@@ -91,6 +94,11 @@ class Chip:
         if precision == "int8" and self.peak_int8_flops > 0:
             return self.peak_int8_flops
         return self.peak_bf16_flops
+
+    def effective_peak_flops(self, precision: str) -> float:
+        """Peak used for timing: bf16 plus the realised fraction (eff.lowp_gain) of a low-precision speed-up."""
+        bf16 = self.peak_bf16_flops
+        return bf16 + self.eff.lowp_gain * (self.peak_flops(precision) - bf16)
 
     @property
     def usable_hbm_bytes(self) -> float:
