@@ -67,7 +67,7 @@ def fit(chip: Chip, cases: list[Case], names: list[str] | None = None) -> tuple[
         r = residuals(_chip_with(chip, names, x), cases)
         return np.concatenate([r, PRIOR_WEIGHT * (x - prior) / scale])
 
-    sol = least_squares(f, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3, max_nfev=200)
+    sol = least_squares(f, x0, bounds=(lo, hi), loss="linear", diff_step=1e-3, max_nfev=200)
     best = _chip_with(chip, names, sol.x)
     r = residuals(best, cases)
     pct = np.abs(np.expm1(r)) * 100
@@ -152,7 +152,7 @@ def _fit_group(cases: list[Case]) -> tuple[Efficiency, dict[str, float]]:
     def f(x: np.ndarray) -> np.ndarray:
         return np.concatenate([res(chipped(x)), PRIOR_WEIGHT * (x - x0) / scale])
 
-    sol = least_squares(f, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3, max_nfev=200)
+    sol = least_squares(f, x0, bounds=(lo, hi), loss="linear", diff_step=1e-3, max_nfev=200)
     r = res(chipped(sol.x))
     pct = np.abs(np.expm1(r)) * 100
     eff = Efficiency(**dict(zip(names, map(float, sol.x), strict=True)))
