@@ -93,7 +93,9 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
 
     # ---- model state --------------------------------------------------------------------------------------
     weights = 0.0 if plan.offload_params else params * w_b
-    weights_working = params * BF16 if plan.offload_params else 0.0  # bf16 copy streamed in for compute
+    # bf16 copy of the weights for compute: streamed in when offloaded; under MaxText's fp32 weight_dtype the
+    # step casts the whole (sharded) parameter tree to bf16 once and keeps it (seen in XLA's temp allocation).
+    weights_working = params * BF16 if (plan.offload_params or job.framework == "maxtext") else 0.0
     accum_buf = grad_params * 4 if (accum > 1 and job.framework == "maxtext") else 0.0  # MaxText's accumulator
     grads = grad_params * g_b + accum_buf
     optimizer = 0.0 if plan.offload_optimizer else opt_params * o_b
