@@ -25,3 +25,5 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+include benchmarks/maxtext_memory/Makefile.inc

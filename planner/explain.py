@@ -32,6 +32,8 @@ OP_GROUPS = {"qkv_proj": "attention projections", "out_proj": "attention project
              "attention": "attention core", "router": "MLP", "mlp_in": "MLP", "mlp_out": "MLP", "logits": "logits"}
 AXIS_NAMES = {"tp": "tensor-parallel", "fsdp": "FSDP", "dp": "data-parallel", "cp": "context-parallel",
               "pp": "pipeline", "ep": "expert-parallel"}
+GROUP_LABELS = {"MLP": "MLP matmuls", "attention projections": "attention projections",
+                "attention core": "attention core", "logits": "logits matmul"}
 COLLECTIVE_PLURAL = {"all-gather": "all-gathers", "reduce-scatter": "reduce-scatters", "all-reduce": "all-reduces",
                      "all-to-all": "all-to-alls", "p2p": "point-to-point transfers"}
 
@@ -103,8 +105,9 @@ class Explanation:
 
     @property
     def best_what_if(self) -> WhatIf | None:
-        """The fastest neighbour that fits, if it beats the base plan."""
-        ok = [w for w in self.costed_what_ifs if w.cost.fits and w.cost.step_time_s < self.cost.step_time_s]
+        """The fastest neighbour on the same chips that fits, if it beats the base plan."""
+        ok = [w for w in self.costed_what_ifs
+              if w.cost.fits and w.chips == self.chips and w.cost.step_time_s < self.cost.step_time_s]
         return min(ok, key=lambda w: w.cost.step_time_s) if ok else None
 
     def to_dict(self) -> dict:
@@ -190,12 +193,11 @@ def waterfall(m: ModelSpec, chip: Chip, job: Job, plan: Plan, cost: Cost) -> lis
         # while this mirrors stage_times; a small drift there still leaves sensible shares).
         order = ("MLP", "attention projections", "attention core", "logits")
         for g in sorted(groups, key=lambda k: order.index(k) if k in order else len(order)):
-            parts.append(("compute", f"compute: {g}", groups[g] * compute / g_sum))
+            parts.append(("compute", GROUP_LABELS.get(g, g), groups[g] * compute / g_sum))
     else:  # the cost model changed under us: keep its own single term
         parts.append(("compute", "compute", compute))
     labels = {"recompute": "recompute (remat)", "memory_bound": "memory-bound ops", "bubble": "pipeline bubble",
-              "optimizer": "optimizer update", "offload": "offload transfers (exposed)",
-              "overhead": "fixed overhead"}
+              "optimizer": "optimizer update", "offload": "host offload (exposed)", "overhead": "fixed overhead"}
     comm = comm_by_level(cost, chip)
     for key, t in cost.time.items():
         if key == "compute":
@@ -204,9 +206,9 @@ def waterfall(m: ModelSpec, chip: Chip, job: Job, plan: Plan, cost: Cost) -> lis
             axis = key[5:]
             for (a, lvl), tl in sorted(comm.items()):
                 if a == axis:
-                    parts.append((key, f"exposed {axis} comm ({lvl})" if lvl else f"exposed {axis} comm", tl))
+                    parts.append((key, f"{axis} comm ({lvl})" if lvl else f"{axis} comm", tl))
             if not any(a == axis for a, _ in comm):
-                parts.append((key, f"exposed {axis} comm", t))
+                parts.append((key, f"{axis} comm", t))
             continue
         parts.append((key, labels.get(key, key), t))
     step = cost.step_time_s
@@ -260,29 +262,29 @@ def _dominant_collective(cost: Cost, axis: str) -> tuple[str, str]:
     return words, c.level
 
 
-def _advice(term: str, share: float, cost: Cost, chip: Chip, job: Job, plan: Plan) -> str:
-    """One sentence: what the term is, how much of the step it takes, and the usual remedy."""
+def _advice(term: str, share: float, cost: Cost, chip: Chip, job: Job, plan: Plan) -> tuple[str, str]:
+    """(what the term is and how much of the step it takes, the usual remedy) for one time term."""
     p = _pct(share)
     lv = level_names(chip)
     up, net = lv["scale-up"], lv["network"]
     if term == "compute":
-        return (f"Compute-bound: matmuls take {p} of the step at {cost.mfu * 100:.1f}% MFU; what remains is "
-                f"per-op efficiency (larger per-chip matmuls: lower tp or a bigger micro-batch) or more chips")
+        return (f"matmuls take {p} of the step at {cost.mfu * 100:.1f}% MFU",
+                "larger per-chip matmuls (lower tp, bigger micro-batch) or more chips")
     if term == "recompute":
         lighter, _ = remat_neighbours(plan.remat, job)
         head = (cost.hbm_usable_bytes - cost.peak_memory_bytes) / 2**30
         alt = f"a lighter remat policy ({lighter})" if lighter else "a lighter remat policy"
-        return (f"Recomputation takes {p} of the step: {alt} saves it if memory allows "
-                f"({head:.1f} GiB headroom per chip), or offload saved tensors to host instead")
+        return (f"recomputation takes {p} of the step",
+                f"{alt} saves it if memory allows ({head:.1f} GiB headroom per chip), or offload saved tensors")
     if term == "memory_bound":
-        return (f"Memory-bound ops (norms, residuals, rotary, activations) take {p} of the step: they scale with "
-                f"tokens per chip; sequence-parallel tp shards them, fused kernels cut their HBM traffic")
+        return (f"memory-bound ops (norms, residuals, rotary, activation functions) take {p} of the step",
+                "they scale with tokens per chip; sequence-parallel tp shards them, fused kernels cut their traffic")
     if term.startswith("comm_"):
         axis = term[5:]
         kinds, level = _dominant_collective(cost, axis)
         where = {"network": net, "scale-up": up}.get(level, level)
         name = AXIS_NAMES.get(axis, axis)
-        head = f"Exposed {name} {kinds} over {where} take {p} of the step"
+        what = f"exposed {name} {kinds} over {where} take {p} of the step"
         if axis == "fsdp":
             fix = (f"reduce fsdp across slices (put dp over {net})" if level == "network" and chip.is_tpu
                    else "reduce fsdp (trade with tp or dp)") + " or raise the micro-batch so compute hides them"
@@ -299,33 +301,46 @@ def _advice(term: str, share: float, cost: Cost, chip: Chip, job: Job, plan: Pla
             fix = "lower pp or keep pipeline stages on faster links"
         else:
             fix = "shrink this axis"
-        return f"{head}: {fix}"
+        return what, fix
     if term == "bubble":
-        m_steps = cost.grad_accum
-        return (f"The pipeline bubble takes {p} of the step ({plan.pp} stages, {m_steps} micro-batches): use more "
-                f"micro-batches (smaller micro-batch or bigger global batch), virtual stages (vpp) or lower pp")
+        return (f"the pipeline bubble takes {p} of the step ({plan.pp} stages, {cost.grad_accum} micro-batches)",
+                "more micro-batches (smaller micro-batch or bigger global batch), virtual stages (vpp) or lower pp")
     if term == "optimizer":
-        return (f"The optimizer update takes {p} of the step: it is HBM-bound on the local shard; shard optimizer "
-                f"state over more chips (fsdp or zero) or accumulate more micro-steps per update")
+        return (f"the optimizer update takes {p} of the step (HBM-bound on the local shard)",
+                "shard optimizer state over more chips (fsdp or zero) or accumulate more micro-steps per update")
     if term == "offload":
-        return (f"Host offload traffic takes {p} of the step over the {chip.host_link_Bps / 1e9:.0f} GB/s host "
-                f"link: offload less, or keep it only where memory demands it")
+        return (f"host offload traffic takes {p} of the step over the {chip.host_link_Bps / 1e9:.0f} GB/s host link",
+                "offload less, only where memory demands it")
     if term == "overhead":
-        return f"Fixed per-step overhead takes {p} of the step: a bigger global batch amortises it"
-    return f"{term} takes {p} of the step"
+        return f"fixed per-step overhead takes {p} of the step", "a bigger global batch amortises it"
+    return f"{term} takes {p} of the step", "change the plan"
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def bottleneck(cost: Cost, chip: Chip, job: Job, plan: Plan) -> Bottleneck:
-    """The largest term of the time breakdown in one sentence; a plan that does not fit is memory-bound first."""
+    """The largest term of the time breakdown in one sentence; a plan that does not fit is memory-bound first.
+
+    A compute-bound step (compute is the largest term) names the largest loss after it as what to attack.
+    """
     step = cost.step_time_s
     terms = {k: v for k, v in cost.time.items() if v > 0}
     top = max(terms, key=terms.get) if terms else "compute"
     share = terms.get(top, 0.0) / step if step > 0 else 0.0
     rest = {k: v for k, v in terms.items() if k != "compute"}
     over = max(rest, key=rest.get) if rest else ""
-    sentence = _advice(top, share, cost, chip, job, plan)
-    if top == "compute" and over and rest[over] / step >= 0.02:
-        sentence += f". The largest loss: {_advice(over, rest[over] / step, cost, chip, job, plan)}"
+    what, fix = _advice(top, share, cost, chip, job, plan)
+    if top == "compute":
+        sentence = f"Compute-bound: {what}"
+        if over and rest[over] / step >= 0.02:
+            o_what, o_fix = _advice(over, rest[over] / step, cost, chip, job, plan)
+            sentence += f"; the largest loss is that {o_what}: {o_fix}"
+        else:
+            sentence += f": {fix}"
+    else:
+        sentence = f"{_cap(what)}: {fix}"
     if not cost.fits:
         if cost.peak_memory_bytes > cost.hbm_usable_bytes:
             big = max(cost.memory, key=cost.memory.get)
@@ -335,8 +350,8 @@ def bottleneck(cost: Cost, chip: Chip, job: Job, plan: Plan) -> Bottleneck:
         else:
             msg = (f"Does not fit: host memory {cost.host_memory_bytes / 2**30:.1f} GiB per chip exceeds the "
                    f"{chip.host_mem_bytes / 2**30:.0f} GiB available: offload less")
-        return Bottleneck("memory", cost.overflow_bytes / cost.hbm_usable_bytes, f"{msg}. Once it fits: {sentence}",
-                          over)
+        return Bottleneck("memory", cost.overflow_bytes / cost.hbm_usable_bytes,
+                          f"{msg}. Once it fits: {sentence[:1].lower()}{sentence[1:]}", over)
     return Bottleneck(top, share, sentence, over)
 
 
@@ -361,20 +376,20 @@ def neighbours(chip: Chip, job: Job, plan: Plan, chips: int) -> list[tuple[str, 
     # Tensor parallelism doubled or halved, trading with the batch-sharded axes.
     for other in ("fsdp", "dp"):
         if getattr(plan, other) > 1:
-            add(f"tp x2 (trading with {other})", _trade(plan, "tp", other))
+            add(f"tp x2, {other} /2", _trade(plan, "tp", other))
     if plan.tp > 1:
         takers = [a for a in ("fsdp", "dp") if getattr(plan, a) > 1] or ["fsdp"]
         for other in takers:
-            add(f"tp /2 (trading with {other})", _trade(plan, other, "tp"))
+            add(f"tp /2, {other} x2", _trade(plan, other, "tp"))
     # Pipeline stages doubled or halved.
     for other in ("fsdp", "dp"):
         if getattr(plan, other) > 1:
-            add(f"pp x2 (trading with {other})", _trade(plan, "pp", other))
+            add(f"pp x2, {other} /2", _trade(plan, "pp", other))
             break
     if plan.pp > 1:
         other = "fsdp" if plan.fsdp > 1 or plan.dp == 1 else "dp"
         p = _trade(plan, other, "pp")
-        add(f"pp /2 (trading with {other})", p.with_(vpp=1) if p is not None and p.pp == 1 else p)
+        add(f"pp /2, {other} x2", p.with_(vpp=1) if p is not None and p.pp == 1 else p)
     # Micro-batch.
     add("micro-batch x2", plan.with_(micro_batch=plan.micro_batch * 2))
     if plan.micro_batch > 1 and plan.micro_batch % 2 == 0:
@@ -382,13 +397,13 @@ def neighbours(chip: Chip, job: Job, plan: Plan, chips: int) -> list[tuple[str, 
     # Remat one rung lighter / heavier.
     lighter, heavier = remat_neighbours(plan.remat, job)
     if lighter:
-        add(f"remat {plan.remat.summary()} -> {lighter}", plan.with_(remat=REMAT_POLICIES[lighter]))
+        add(f"remat {lighter} (lighter)", plan.with_(remat=REMAT_POLICIES[lighter]))
     if heavier:
-        add(f"remat {plan.remat.summary()} -> {heavier}", plan.with_(remat=REMAT_POLICIES[heavier]))
+        add(f"remat {heavier} (heavier)", plan.with_(remat=REMAT_POLICIES[heavier]))
     # More hardware: one more TPU slice (over DCN), or twice the GPUs (dp x2).
     if chip.is_tpu and chip.scale_up.kind == "torus":
         if plan.slices == 1:
-            add("one more slice (2 slices, dp x2 over DCN)", plan.with_(slices=2, dp=plan.dp * 2), chips * 2)
+            add(f"+1 slice ({chips * 2} chips, dp x2 over DCN)", plan.with_(slices=2, dp=plan.dp * 2), chips * 2)
         elif chips % plan.slices == 0:
             try:
                 dcn = dcn_split(plan)
@@ -398,10 +413,10 @@ def neighbours(chip: Chip, job: Job, plan: Plan, chips: int) -> list[tuple[str, 
             if axis is not None:
                 s = plan.slices
                 deg = getattr(plan, axis) // s * (s + 1)
-                add(f"one more slice ({s + 1} slices, {axis} {getattr(plan, axis)} -> {deg})",
+                add(f"+1 slice ({chips // s * (s + 1)} chips, {axis} {getattr(plan, axis)} -> {deg})",
                     plan.with_(slices=s + 1, **{axis: deg}), chips // s * (s + 1))
     else:
-        add("2x chips (dp x2)", plan.with_(dp=plan.dp * 2), chips * 2)
+        add(f"2x chips (dp x2: {chips * 2} chips)", plan.with_(dp=plan.dp * 2), chips * 2)
     # Optimizer state on host (or back in HBM).
     if plan.offload_optimizer:
         add("optimizer back in HBM", plan.with_(offload_optimizer=False))

@@ -118,7 +118,7 @@ def _x_positions(values: list) -> tuple[list[float], bool]:
     return list(range(len(values))), False
 
 
-def draw_sweep(rows: list[dict], x: str, series: str | None = None, axes=None):
+def draw_sweep(rows: list[dict], x: str, series: str | None = None, axes=None, title: str | None = None):
     """MFU, step time, chosen degrees and memory headroom against `x` (one line per value of `series`)."""
     plt = _pyplot()
     if axes is None:
@@ -168,16 +168,16 @@ def draw_sweep(rows: list[dict], x: str, series: str | None = None, axes=None):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    title = rows[0].get("title", "") if rows else ""
-    fig.suptitle(title or f"sweep over {x}" + (f" and {series}" if series else ""), fontsize=11)
+    fig.suptitle(title or (f"sweep over {x}" + (f" and {series}" if series else "")), fontsize=11)
     fig.tight_layout()
     return fig
 
 
-def plot_sweep(rows: list[dict], x: str, series: str | None, path: str | Path) -> Path:
+def plot_sweep(rows: list[dict], x: str, series: str | None, path: str | Path, title: str | None = None) -> Path:
+    """Write the sweep figure (MFU, step time, degrees, headroom against x); the format follows the extension."""
     p = check_figure_path(path, "--plot")
     plt = _pyplot()
-    fig = draw_sweep(rows, x, series)
+    fig = draw_sweep(rows, x, series, title=title)
     _save(fig, p)
     plt.close(fig)
     return p

@@ -1,0 +1,294 @@
+"""Sweeps: the best plan at each point of a grid over one or two of chips, global batch, sequence length, model
+and hardware.
+
+    axes = [parse_vary("chips=256:8192:x2")]
+    rows = run_sweep(SweepBase(model="70B", hardware="tpu-v5p", global_batch=1024), axes, search)
+
+`search(model, chip, chips, job)` is any function that returns the best `(Plan, Cost)` for one point, or None
+when nothing fits (it may also raise InputError with the reason). `default_search` wraps the planner's own
+search. Each point becomes one row of plain data (degrees, step time, MFU, memory headroom); a point that
+cannot be planned is a row with feasible=False and the reason, never an exception. Sweeps of more than
+PARALLEL_MIN_POINTS points run in a process pool over all cores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodel.catalog import load_model
+from costmodel.cost import Cost
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import Plan
+from hardware.catalog import load_hardware
+from hardware.chip import Chip
+from hardware.errors import InputError, did_you_mean
+
+GIB = 2**30
+NUMERIC = ("chips", "global_batch", "seq_len")
+NAMED = ("model", "hardware")
+VARIABLES = NUMERIC + NAMED
+ALIASES = {"chips": "chips", "n": "chips", "global_batch": "global_batch", "global-batch": "global_batch",
+           "batch": "global_batch", "gb": "global_batch", "seq_len": "seq_len", "seq-len": "seq_len",
+           "seq": "seq_len", "sequence_length": "seq_len", "model": "model", "models": "model", "size": "model",
+           "model_size": "model", "hardware": "hardware", "hw": "hardware", "chip": "hardware"}
+MAX_POINTS = 2000
+PARALLEL_MIN_POINTS = 8
+
+SearchFn = Callable[[ModelSpec, Chip, int, Job], "tuple[Plan, Cost] | None"]
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str  # one of VARIABLES
+    values: tuple  # ints for NUMERIC, strings for NAMED
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class SweepBase:
+    """The fixed part of every point; the swept variables override it."""
+
+    model: str = ""
+    hardware: str = "tpu-v5p"
+    chips: int | None = None
+    global_batch: int | None = None
+    seq_len: int = 4096
+    precision: str = "bf16"
+    framework: str = "maxtext"
+
+
+# ---- parsing --------------------------------------------------------------------------------------------
+
+RANGE_FORMS = "a list (256,512,1024) or a range start:stop:xF (geometric) or start:stop:+S (arithmetic)"
+
+
+def _int(name: str, text: str) -> int:
+    try:
+        v = float(text)
+    except ValueError:
+        raise InputError(f"--vary {name}: {text!r} is not a number; expected {RANGE_FORMS}") from None
+    if v != int(v) or v < 1:
+        raise InputError(f"--vary {name}: {text!r} must be a positive integer")
+    return int(v)
+
+
+def parse_range(name: str, spec: str) -> tuple[int, ...]:
+    """'256,512' -> (256, 512); '256:8192:x2' -> (256, 512, ..., 8192); '1024:4096:+1024' -> (1024, ..., 4096)."""
+    spec = spec.strip()
+    if not spec:
+        raise InputError(f"--vary {name}: no values; expected {RANGE_FORMS}")
+    if ":" not in spec:
+        items = [s.strip() for s in spec.split(",")]
+        if any(not s for s in items):
+            raise InputError(f"--vary {name}: empty item in {spec!r}; expected {RANGE_FORMS}")
+        return tuple(dict.fromkeys(_int(name, s) for s in items))
+    parts = spec.split(":")
+    if len(parts) != 3 or not all(p.strip() for p in parts):
+        raise InputError(f"--vary {name}: range {spec!r} must be start:stop:xF or start:stop:+S")
+    start, stop, step = _int(name, parts[0]), _int(name, parts[1]), parts[2].strip().lower()
+    if start > stop:
+        raise InputError(f"--vary {name}: range {spec!r} is inverted (start {start} > stop {stop})")
+    out: list[int] = []
+    if step.startswith(("x", "*")):
+        try:
+            factor = float(step[1:])
+        except ValueError:
+            raise InputError(f"--vary {name}: factor {step!r} is not a number") from None
+        if not factor > 1:
+            raise InputError(f"--vary {name}: factor {step!r} must be greater than 1")
+        v = float(start)
+        while round(v) <= stop and len(out) <= MAX_POINTS:
+            out.append(int(round(v)))
+            v *= factor
+    else:
+        s = _int(name, step.lstrip("+"))
+        out = list(range(start, stop + 1, s))[: MAX_POINTS + 1]
+    out = list(dict.fromkeys(out))
+    if not out:
+        raise InputError(f"--vary {name}: range {spec!r} is empty")
+    return tuple(out)
+
+
+def parse_vary(text: str) -> Axis:
+    """'chips=256:8192:x2', 'global_batch=512,1024', 'model=8B,70B,405B', 'hardware=tpu-v5p,h100-sxm'."""
+    name, eq, spec = text.partition("=")
+    key = name.strip().lower()
+    if not eq:
+        raise InputError(f"--vary: {text!r} must be VARIABLE=VALUES, e.g. chips=256:8192:x2")
+    if key not in ALIASES:
+        raise InputError(f"--vary: unknown variable {name.strip()!r}{did_you_mean(key, VARIABLES)}; "
+                         f"expected one of: {', '.join(VARIABLES)}")
+    var = ALIASES[key]
+    if var in NUMERIC:
+        values: tuple = parse_range(var, spec)
+    else:
+        items = [s.strip() for s in spec.split(",")]
+        if not spec.strip() or any(not s for s in items):
+            raise InputError(f"--vary {var}: expected a comma-separated list of names, got {spec!r}")
+        for s in items:  # fail early on an unknown name (InputError with near names)
+            load_model(s) if var == "model" else load_hardware(s)
+        values = tuple(dict.fromkeys(items))
+    if len(values) > MAX_POINTS:
+        raise InputError(f"--vary {var}: {len(values)} values is more than the {MAX_POINTS} a sweep takes")
+    return Axis(var, values)
+
+
+def check_axes(axes: list[Axis], base: SweepBase) -> None:
+    if not axes:
+        raise InputError("--vary: give one or two variables to sweep, e.g. --vary chips=256:8192:x2")
+    if len(axes) > 2:
+        raise InputError(f"--vary: at most two variables, got {len(axes)} ({', '.join(a.name for a in axes)})")
+    if len(axes) == 2 and axes[0].name == axes[1].name:
+        raise InputError(f"--vary: {axes[0].name} is given twice")
+    varied = {a.name for a in axes}
+    if "model" not in varied and not base.model:
+        raise InputError("--model: required unless the sweep varies model")
+    for name, flag in (("chips", "--chips"), ("global_batch", "--global-batch")):
+        if name not in varied and getattr(base, name) is None:
+            raise InputError(f"{flag}: required unless the sweep varies {name}")
+    n = math.prod(len(a.values) for a in axes)
+    if n > MAX_POINTS:
+        raise InputError(f"--vary: {n} points is more than the {MAX_POINTS} a sweep takes")
+
+
+def points(base: SweepBase, axes: list[Axis]) -> list[dict]:
+    """Every grid point as a dict of model, hardware, chips, global_batch, seq_len, precision, framework."""
+    check_axes(axes, base)
+    fixed = dict(base.__dict__)
+    out = []
+    for combo in itertools.product(*(a.values for a in axes)):
+        out.append({**fixed, **{a.name: v for a, v in zip(axes, combo, strict=True)}})
+    return out
+
+
+# ---- running --------------------------------------------------------------------------------------------
+
+def default_search(m: ModelSpec, chip: Chip, chips: int, job: Job) -> tuple[Plan, Cost] | None:
+    """The planner's best plan for one point (planner.solve), as (plan, cost); None when nothing fits."""
+    from planner.solve import best_plan  # the planner search; imported here to keep start-up light
+
+    return best_plan(m, chip, chips, job)
+
+
+def row_for(point: dict, plan: Plan | None, cost: Cost | None, reason: str = "", seconds: float = 0.0) -> dict:
+    row = {k: point[k] for k in ("model", "hardware", "chips", "global_batch", "seq_len", "precision", "framework")}
+    row["feasible"] = plan is not None and cost is not None and cost.fits
+    row["reason"] = reason
+    if plan is not None and cost is not None:
+        if not cost.fits and not reason:
+            row["reason"] = f"best plan needs {cost.peak_memory_bytes / GIB:.1f} GiB per chip of " \
+                            f"{cost.hbm_usable_bytes / GIB:.1f} usable"
+        row.update({"step_time_s": cost.step_time_s, "mfu": cost.mfu, "tokens_per_s": cost.tokens_per_s,
+                    "tflops_per_chip": cost.tflops_per_chip,
+                    **plan.degrees(), "vpp": plan.vpp, "micro_batch": plan.micro_batch,
+                    "grad_accum": cost.grad_accum, "zero": plan.zero, "remat": plan.remat.summary(),
+                    "offload_optimizer": plan.offload_optimizer, "offload_params": plan.offload_params,
+                    "slices": plan.slices, "peak_memory_gib": cost.peak_memory_bytes / GIB,
+                    "usable_gib": cost.hbm_usable_bytes / GIB,
+                    "headroom_gib": (cost.hbm_usable_bytes - cost.peak_memory_bytes) / GIB,
+                    "dominant": cost.dominant})
+    row["search_s"] = seconds
+    return row
+
+
+def run_point(point: dict, search: SearchFn) -> dict:
+    """Plan one point; any InputError (bad divisibility, unknown name, nothing fits) becomes the row's reason."""
+    t0 = time.perf_counter()
+    try:
+        m, chip = load_model(point["model"]), load_hardware(point["hardware"])
+        job = Job(seq_len=point["seq_len"], global_batch=point["global_batch"], precision=point["precision"],
+                  framework=point["framework"])
+        found = search(m, chip, point["chips"], job)
+    except InputError as e:
+        return row_for(point, None, None, str(e), time.perf_counter() - t0)
+    if found is None:
+        return row_for(point, None, None, "no plan fits in memory", time.perf_counter() - t0)
+    plan, cost = found
+    return row_for(point, plan, cost, "", time.perf_counter() - t0)
+
+
+def _run_indexed(args: tuple[int, dict, SearchFn]) -> tuple[int, dict]:
+    i, point, search = args
+    return i, run_point(point, search)
+
+
+def run_sweep(base: SweepBase, axes: list[Axis], search: SearchFn = default_search, workers: int | None = None,
+              on_done: Callable[[int, int], None] | None = None) -> list[dict]:
+    """One row per grid point, in grid order. workers: None = all cores when there are more than
+    PARALLEL_MIN_POINTS points, else 1. on_done(done, total) is called after each point (progress bars)."""
+    pts = points(base, axes)
+    return run_points(pts, search, workers, on_done)
+
+
+def run_points(pts: list[dict], search: SearchFn = default_search, workers: int | None = None,
+               on_done: Callable[[int, int], None] | None = None) -> list[dict]:
+    n = len(pts)
+    if workers is None:
+        workers = (os.cpu_count() or 1) if n > PARALLEL_MIN_POINTS else 1
+    workers = max(1, min(workers, n))
+    if workers > 1:
+        try:  # a lambda or closure cannot travel to worker processes: run it here instead
+            pickle.dumps(search)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            workers = 1
+    rows: list[dict | None] = [None] * n
+    if workers == 1:
+        for i, p in enumerate(pts):
+            rows[i] = run_point(p, search)
+            if on_done:
+                on_done(i + 1, n)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for done, (i, row) in enumerate(pool.map(_run_indexed, [(i, p, search) for i, p in enumerate(pts)],
+                                                     chunksize=1), start=1):
+                rows[i] = row
+                if on_done:
+                    on_done(done, n)
+    return [r for r in rows if r is not None]
+
+
+# ---- output ---------------------------------------------------------------------------------------------
+
+TABLE_FORMATS = (".csv", ".parquet")
+
+
+def check_table_path(path: str | Path, flag: str = "--out") -> Path:
+    """The table path, or InputError: folder missing, extension not .csv/.parquet, Parquet without pyarrow."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in TABLE_FORMATS:
+        raise InputError(f"{flag}: {str(path)!r} must end in .csv or .parquet")
+    if not p.parent.is_dir():
+        raise InputError(f"{flag}: folder {str(p.parent)!r} does not exist")
+    if suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise InputError(f"{flag}: writing Parquet needs pyarrow (pip install pyarrow); "
+                             f"or give a .csv path") from None
+    return p
+
+
+def write_table(rows: Iterable[dict], path: str | Path) -> Path:
+    """Rows to CSV, or Parquet when the path ends in .parquet (pandas; pyarrow for Parquet)."""
+    import pandas as pd
+
+    p = check_table_path(path)
+    df = pd.DataFrame(list(rows))
+    if p.suffix.lower() == ".parquet":
+        df.to_parquet(p, index=False)
+    else:
+        df.to_csv(p, index=False)
+    return p
