@@ -112,7 +112,7 @@ def calibrate_all(file: str, only: list[str] | None = None, write: bool = True):
     groups: dict[str, list[Case]] = {}
     for c in cases:
         groups.setdefault(CALIBRATION_GROUPS.get(c.chip.name, c.chip.name), []).append(c)
-    for group, cs in sorted(groups.items()):
+    for _group, cs in sorted(groups.items()):
         members = sorted({c.chip.name for c in cs})
         base = load_hardware(members[0])
         # Start from the defaults so that a refit does not depend on the previous overlay.

@@ -48,7 +48,6 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
     out.append(Op("attention", attn, m.head_dim, "context", is_attention=True))
     out.append(Op("out_proj", 2 * tokens * v_width * d / tp, min(d, v_width / tp, tokens), "out_proj"))
     if moe:
-        k = m.experts_per_token + m.n_shared_experts
         out.append(Op("router", 2 * tokens * d * m.n_experts, min(d, m.n_experts, tokens), ""))
         # Token-dropping MoE pads each expert's batch to capacity: cf x the routed tokens are computed.
         cf = m.capacity_factor if m.capacity_factor > 0 else 1.0

@@ -31,8 +31,8 @@ from hardware.errors import InputError
 # Source framework -> our framework convention (costmodel.job.Job.framework).
 FRAMEWORK_CONVENTION = {"maxtext": "maxtext", "palm": "maxtext", "other": "maxtext", "mosaic": "pytorch-fsdp",
                         "megatron": "megatron", "nemo": "megatron", "deepspeed": "deepspeed"}
-REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size", "seq_len", "hardware", "chips",
-            "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch", "measured_step_time_s")
+REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size",
+            "seq_len", "hardware", "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch")
 
 
 @dataclass(frozen=True)
