@@ -15,7 +15,7 @@ from cli.main import app
 from cli.render import plan_summary, print_json
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import Plan
+from costmodel.plan import AXES, Plan
 from hardware.chip import Chip
 from hardware.errors import InputError
 
@@ -61,6 +61,29 @@ def _from_plan_file(path: str) -> dict:
     return out
 
 
+def _with_offload(plan: Plan, offload: list[str]) -> Plan:
+    """--offload on top of a plan file's plan: optimizer/params switch on, tensor names move to host."""
+    from costmodel.plan import Remat
+
+    items = [s.strip() for x in offload for s in x.split(",") if s.strip()]
+    kw: dict = {}
+    tensors = {}
+    for item in items:
+        if item in ("optimizer", "opt"):
+            kw["offload_optimizer"] = True
+        elif item in ("params", "parameters"):
+            kw["offload_params"] = True
+        else:
+            tensors[item] = "offload"
+    if tensors:
+        from costmodel.plan import parse_remat
+
+        named = parse_remat("custom:" + ",".join(f"{t}=offload" for t in tensors))  # validates the names
+        choices = {**plan.remat.choices(), **{t: c for t, c in named.choices().items() if c == "offload"}}
+        kw["remat"] = Remat(name="custom", **choices)
+    return plan.with_(**kw)
+
+
 def resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp, fsdp, tp, cp, pp, ep, vpp,
                    micro_batch, zero, remat, offload, slices, no_sp, precision, framework
                    ) -> tuple[ModelSpec, Chip, Job, Plan, int]:
@@ -89,10 +112,9 @@ def resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp,
             kw["remat"] = parse_remat(remat)
         plan = base.with_(**kw)
         if offload:
-            fresh = o.make_plan(1, 1, 1, 1, 1, 1, 1, 1, 0, "full", offload, 1)
-            plan = plan.with_(offload_optimizer=fresh.offload_optimizer or plan.offload_optimizer,
-                              offload_params=fresh.offload_params or plan.offload_params)
-        n = chips or f["chips"] or plan.chips
+            plan = _with_offload(plan, offload)
+        # Changed degrees without --chips: the chips follow the degrees.
+        n = chips or (plan.chips if any(flags[a] is not None for a in AXES) else f["chips"])
         return m, chip, job, plan, o.positive("--chips", n)
     missing = [flag for flag, v in (("--model", model), ("--chips", chips), ("--global-batch", global_batch))
                if v is None]

@@ -88,6 +88,16 @@ CONFIGS: list[Config] = [
     Config("mixtral-8x7b_v5p64_b1_s4096_full", "mixtral-8x7b", "v5p-64", 1, 4096, "full"),
     Config("gpt3-6b_v6e16_b2_s2048_minimal", "gpt3-6b", "v6e-16", 2, 2048, "minimal"),
     Config("l2-7b_v5p16_b4_s4096_full_tp2", "llama2-7b", "v5p-16", 4, 4096, "full", tensor=2),
+    # second batch: single-knob deltas against the baselines above
+    Config("l2-7b_v5p8_b1_s4096_full", "llama2-7b", "v5p-8", 1, 4096, "full"),
+    Config("l2-7b_v5p8_b1_s2048_full_bf16w", "llama2-7b", "v5p-8", 1, 2048, "full",
+           extra={"weight_dtype": "bfloat16"}),
+    Config("l3-8b_v6e8_b1_s8192_custom_inputoffload", "llama3-8b", "v6e-8", 1, 8192, "custom",
+           extra={"decoder_layer_input": "offload"}),
+    Config("l2-70b_v5p128_b1_s4096_minimal", "llama2-70b", "v5p-128", 1, 4096, "minimal"),
+    Config("l2-7b_v5p8_b2_s2048_full_ga2", "llama2-7b", "v5p-8", 2, 2048, "full",
+           extra={"gradient_accumulation_steps": 2}),
+    Config("gpt3-175b_v5p128_b1_s2048_full", "gpt3-175b", "v5p-128", 1, 2048, "full"),
 ]
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)

@@ -1,0 +1,89 @@
+"""Per-chip memory: the cost model vs MaxText 0.2.5's real TPU compile (benchmarks/maxtext_memory/results.csv).
+
+Usage: python benchmarks/maxtext_memory_compare.py [--write]
+Each row of results.csv is one `train_compile` run (made by `make maxtext-memory`); the model shape comes from
+the MaxText preset (models.csv). The plan: ici_fsdp = -1 fills the slice, so fsdp = chips / (tensor*context);
+MaxText's per_device_batch_size b gives each model replica b * tensor * context sequences, with no
+accumulation. Compiled total = argument + output - alias + temp bytes per chip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodel.estimate import estimate  # noqa: E402
+from costmodel.job import Job  # noqa: E402
+from costmodel.model import ModelSpec  # noqa: E402
+from costmodel.plan import Plan, parse_remat  # noqa: E402
+from hardware.catalog import load_hardware  # noqa: E402
+
+HERE = ROOT / "benchmarks" / "maxtext_memory"
+
+
+def model_from_row(r: dict[str, str]) -> ModelSpec:
+    experts = int(r["num_experts"] or 1)
+    return ModelSpec(
+        name=r["model_name"], n_layers=int(r["num_decoder_layers"]), d_model=int(r["emb_dim"]),
+        n_heads=int(r["num_query_heads"]), n_kv_heads=int(r["num_kv_heads"]), head_dim=int(r["head_dim"]),
+        ffn_dim=int(r["mlp_dim"]), vocab_size=int(r["vocab_size"]), gated_mlp="linear" in r["mlp_activations"],
+        tied_embeddings=r["logits_via_embedding"] == "True",
+        n_experts=experts if experts > 1 else 0, experts_per_token=int(r["num_experts_per_tok"]) if experts > 1 else 0,
+        moe_ffn_dim=int(r["moe_mlp_dim"] or 0) if experts > 1 else 0)
+
+
+def chips_of(topology: str) -> int:
+    kind, n = topology.split("-")
+    return int(n) // 2 if kind in ("v5p", "v4") else int(n)  # v5p-N / v4-N count TensorCores
+
+
+def compare() -> list[dict]:
+    models = {r["model_name"]: model_from_row(r) for r in csv.DictReader((HERE / "models.csv").open())}
+    out = []
+    for r in csv.DictReader((HERE / "results.csv").open()):
+        if r.get("status") != "ok" or r["model_name"] not in models:
+            continue
+        chips = chips_of(r["topology"])
+        tp, cp = int(r["ici_tensor"] or 1), int(r["ici_context"] or 1)
+        b = int(r["per_device_batch_size"])
+        chip = load_hardware("tpu-" + r["topology"].split("-")[0])
+        plan = Plan(fsdp=chips // (tp * cp), tp=tp, cp=cp, micro_batch=b * tp * cp, zero=3,
+                    remat=parse_remat(r["remat_policy"]))
+        job = Job(seq_len=int(r["max_target_length"]), global_batch=b * chips, framework="maxtext")
+        cost = estimate(models[r["model_name"]], chip, job, plan, chips)
+        xla = float(r["total_bytes_per_chip"])
+        out.append({"id": r["id"], "chips": chips, "predicted_bytes": cost.peak_memory_bytes, "xla_bytes": xla,
+                    "error_pct": (cost.peak_memory_bytes - xla) / xla * 100, "breakdown": cost.memory})
+    return out
+
+
+def report(rows: list[dict]) -> str:
+    s = io.StringIO()
+    s.write(f"{'config':42s} {'chips':>5s} {'model GB':>9s} {'XLA GB':>8s} {'error %':>8s}\n")
+    for r in rows:
+        s.write(f"{r['id']:42s} {r['chips']:5d} {r['predicted_bytes'] / 1e9:9.2f} {r['xla_bytes'] / 1e9:8.2f} "
+                f"{r['error_pct']:+8.1f}\n")
+    if rows:
+        errs = [abs(r["error_pct"]) for r in rows]
+        s.write(f"\nmean |error| {sum(errs) / len(errs):.1f}%, worst {max(errs):.1f}%, "
+                f"within 5%: {sum(e <= 5 for e in errs)}/{len(errs)}\n")
+    return s.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true")
+    text = report(compare())
+    print(text)
+    if ap.parse_args().write:
+        (ROOT / "benchmarks" / "maxtext_memory_report.txt").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

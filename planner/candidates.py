@@ -1,0 +1,348 @@
+"""Mesh candidates: every way to lay a job on `chips` chips that the divisibility and topology rules allow.
+
+A `Mesh` fixes everything about a plan except the per-tensor remat/offload choices and the optimizer/parameter
+offload (those are the CP-SAT program's decisions, planner/remat.py). Rules, all checked here and nowhere else:
+
+  * degrees dp * fsdp * tp * cp * pp * ep = chips;
+  * tp divides n_heads, and tp and n_kv_heads divide one another (costmodel.constraints.check_plan);
+  * pp * vpp divides n_layers; vpp in {2, 4, 8, ...} only with pp > 1 and grad_accum a multiple of pp
+    (the interleaved 1F1B schedule runs micro-batches in groups of pp);
+  * cp divides seq_len and leaves at least MIN_TOKENS_PER_CP_RANK tokens on each rank;
+  * ep divides n_experts (MoE models only; dense models have ep = 1);
+  * the global batch is split dp * fsdp * ep ways, then into micro-batches of `micro_batch` sequences:
+    micro_batch divides global_batch / (dp * fsdp * ep); grad_accum is what is left;
+  * topology: tp and cp stay inside the fastest level. GPUs: tp * cp divides the NVLink domain (8 per node).
+    TPUs: only dp, pp and fsdp may span slices (costmodel.estimate.dcn_split must succeed), so tp, cp and ep
+    lie inside a slice's ICI torus;
+  * zero in {0, 1} when dp > 1 (ZeRO-1 shards the optimizer over dp; the fsdp axis is always ZeRO-3);
+    sequence parallelism is always on.
+
+Chip counts: a GPU job is one partial node (1..8 GPUs) or whole nodes. A TPU job is `slices` identical slices
+of a valid slice size (hardware.topology.valid_slice_sizes); a multi-slice job uses slices made of whole hosts.
+The default slice count is the smallest such k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from costmodel.estimate import dcn_split
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import AXES, REMAT_POLICIES, Plan, Remat, remat_policy
+from hardware.chip import Chip
+from hardware.errors import InputError, did_you_mean
+from hardware.topology import valid_slice_sizes
+
+MIN_TOKENS_PER_CP_RANK = 256  # context parallelism below this many tokens per rank is never worth a candidate
+MAX_VPP = 8
+DEFAULT_TOKENS_PER_BATCH = 4 * 2**20  # ~4M tokens per optimizer step (Llama/GPT-3 scale batches)
+FIX_INT_KEYS = (*AXES, "vpp", "micro_batch", "zero")
+FIX_ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "microbatch": "micro_batch",
+               "offload_opt": "offload_optimizer", "optimizer_offload": "offload_optimizer",
+               "param_offload": "offload_params", "offload_parameters": "offload_params"}
+FIX_KEYS = (*FIX_INT_KEYS, "remat", "offload_optimizer", "offload_params")
+
+
+@dataclass(frozen=True, order=True)
+class Mesh:
+    """A plan without its remat/offload choices. Field order is the canonical tie-break order."""
+
+    dp: int
+    fsdp: int
+    tp: int
+    cp: int
+    pp: int
+    ep: int
+    vpp: int
+    micro_batch: int
+    zero: int
+    slices: int
+
+    def plan(self, remat: Remat | None = None, offload_optimizer: bool = False,
+             offload_params: bool = False) -> Plan:
+        return Plan(dp=self.dp, fsdp=self.fsdp, tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vpp=self.vpp,
+                    micro_batch=self.micro_batch, zero=self.zero, sequence_parallel=True,
+                    remat=remat or REMAT_POLICIES["full"], offload_optimizer=offload_optimizer,
+                    offload_params=offload_params, slices=self.slices)
+
+    @property
+    def batch_shards(self) -> int:
+        return self.dp * self.fsdp * self.ep
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the user pinned: --max-tp, --fix axis=value,..., --slices."""
+
+    max_tp: int | None = None
+    fixed: dict[str, int] = field(default_factory=dict)  # degrees, vpp, micro_batch, zero
+    remat: Remat | None = None  # all six tensor choices pinned to one policy
+    offload_optimizer: bool | None = None
+    offload_params: bool | None = None
+    slices: int | None = None
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.fixed.items()]
+        if self.remat is not None:
+            parts.append(f"remat={self.remat.name}")
+        for k in ("offload_optimizer", "offload_params"):
+            if getattr(self, k) is not None:
+                parts.append(f"{k}={int(getattr(self, k))}")
+        if self.max_tp is not None:
+            parts.append(f"max_tp={self.max_tp}")
+        if self.slices is not None:
+            parts.append(f"slices={self.slices}")
+        return ", ".join(parts)
+
+
+def _bool(key: str, text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise InputError(f"--fix {key}: expected true or false (1/0), got {text!r}")
+
+
+def parse_fix(text: str | None, max_tp: int | None = None, slices: int | None = None) -> Constraints:
+    """'dp=2,tp=4,mb=1,remat=full,offload_optimizer=0' -> Constraints. Unknown keys name the nearest one."""
+    fixed: dict[str, int] = {}
+    remat = opt = par = None
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, eq, val = item.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        key = FIX_ALIASES.get(key, key)
+        if not eq or not val.strip():
+            raise InputError(f"--fix: expected axis=value items such as dp=2,tp=4, got {item!r}")
+        if key not in FIX_KEYS:
+            raise InputError(f"--fix: unknown key {key!r}{did_you_mean(key, FIX_KEYS)}; "
+                             f"expected one of {', '.join(FIX_KEYS)}")
+        if key == "remat":
+            remat = remat_policy(val.strip())
+        elif key == "offload_optimizer":
+            opt = _bool(key, val)
+        elif key == "offload_params":
+            par = _bool(key, val)
+        else:
+            try:
+                v = int(val)
+            except ValueError:
+                raise InputError(f"--fix {key}: expected an integer, got {val.strip()!r}") from None
+            lo = 0 if key == "zero" else 1
+            if v < lo or (key == "zero" and v > 3):
+                raise InputError(f"--fix {key}: expected {'0..3' if key == 'zero' else 'a positive integer'}, "
+                                 f"got {v}")
+            fixed[key] = v
+    if max_tp is not None and max_tp < 1:
+        raise InputError(f"--max-tp: expected a positive integer, got {max_tp}")
+    if slices is not None and slices < 1:
+        raise InputError(f"--slices: expected a positive integer, got {slices}")
+    return Constraints(max_tp=max_tp, fixed=fixed, remat=remat, offload_optimizer=opt, offload_params=par,
+                       slices=slices)
+
+
+# ---- chip counts and slices ------------------------------------------------------------------------------
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def slice_options(chip: Chip, chips: int) -> list[int]:
+    """Slice counts k that form `chips` TPU chips: chips/k a valid slice size, whole hosts when k > 1."""
+    sizes = set(valid_slice_sizes(chip))
+    return [k for k in divisors(chips)
+            if chips // k in sizes and (k == 1 or (chips // k) % chip.chips_per_host == 0)]
+
+
+def formable(chip: Chip, chips: int) -> bool:
+    if chips < 1 or chips > chip.max_chips:
+        return False
+    if chip.scale_up.kind == "torus":
+        return bool(slice_options(chip, chips))
+    node = chip.scale_up.domain_chips
+    return not node or chips <= node or chips % node == 0
+
+
+def nearest_formable(chip: Chip, chips: int, count: int = 4) -> list[int]:
+    """Up to `count` valid chip counts nearest to `chips` (half below, half above where possible)."""
+    below, above = [], []
+    n = min(chips, chip.max_chips + 1) - 1
+    while n >= 1 and len(below) < count // 2:
+        if formable(chip, n):
+            below.append(n)
+        n -= 1
+    n = max(chips, 0) + 1
+    while n <= chip.max_chips and len(above) < count - len(below):
+        if formable(chip, n):
+            above.append(n)
+        n += 1
+    return sorted(below + above)
+
+
+def check_chips(chip: Chip, chips: int) -> None:
+    """InputError unless the topology can form `chips` chips; names the nearest counts that it can."""
+    if chips is None or chips < 1:
+        raise InputError(f"--chips: expected a positive integer, got {chips}")
+    if chips > chip.max_chips:
+        raise InputError(f"--chips: {chips} exceeds the {chip.name} profile's maximum of {chip.max_chips} chips")
+    if formable(chip, chips):
+        return
+    near = ", ".join(map(str, nearest_formable(chip, chips)))
+    if chip.scale_up.kind == "torus":
+        why = (f"{chip.name} cannot form {chips} chips as identical slices of a valid slice size "
+               f"(multi-slice jobs use whole {chip.chips_per_host}-chip hosts)")
+    else:
+        why = f"{chip.name} jobs use up to one {chip.scale_up.domain_chips}-GPU node or whole nodes"
+    raise InputError(f"--chips: {why}; nearest valid chip counts: {near}")
+
+
+def default_slices(chip: Chip, chips: int, requested: int | None = None) -> int:
+    """Slices for a TPU job: `requested` if it is valid, else the smallest valid count. GPUs: 1."""
+    if chip.scale_up.kind != "torus":
+        if requested not in (None, 1):
+            raise InputError("--slices: multi-slice jobs are for TPUs; GPU jobs span nodes automatically")
+        return 1
+    options = slice_options(chip, chips)
+    if requested is None:
+        if not options:
+            check_chips(chip, chips)
+        return options[0]
+    if requested not in options:
+        raise InputError(f"--slices: {chips} chips cannot be split into {requested} slices of a valid "
+                         f"{chip.name} slice size; valid slice counts: {', '.join(map(str, options))}")
+    return requested
+
+
+def default_global_batch(chips: int, seq_len: int, tokens_per_batch: int | None = None) -> int:
+    """Sequences per step for about `tokens_per_batch` tokens (default ~4M), rounded to a multiple of q.
+
+    q is the largest divisor of `chips` no larger than the target with chips/q a power of two, so that a plan
+    exists whose batch shards use every chip's share of the batch (model-parallel axes are powers of two)."""
+    tokens = DEFAULT_TOKENS_PER_BATCH if tokens_per_batch is None else tokens_per_batch
+    if tokens < 1:
+        raise InputError(f"--tokens-per-batch: expected a positive integer, got {tokens}")
+    target = max(1.0, tokens / seq_len)
+    qs = [q for q in divisors(chips) if q <= target and (chips // q) & (chips // q - 1) == 0]
+    q = max(qs) if qs else max(d for d in divisors(chips) if d <= target)
+    return max(q, round(target / q) * q)
+
+
+# ---- the candidates ----------------------------------------------------------------------------------------
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> dict[str, list[int]]:
+    """Allowed degrees per model-parallel axis (tp, cp, pp, ep) before combining them."""
+    ds = divisors(chips)
+    node = chip.scale_up.domain_chips if chip.scale_up.kind != "torus" else 0
+    tp = [t for t in ds if (t == 1 or (m.n_heads % t == 0 and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)))
+          and (cons.max_tp is None or t <= cons.max_tp) and (not node or t <= node)]
+    cp = [c for c in ds if job.seq_len % c == 0 and (c == 1 or job.seq_len // c >= MIN_TOKENS_PER_CP_RANK)
+          and (not node or c <= node)]
+    pp = [p for p in ds if m.n_layers % p == 0]
+    ep = [e for e in ds if m.is_moe and m.n_experts % e == 0] if m.is_moe else [1]
+    out = {"tp": tp, "cp": cp, "pp": pp, "ep": ep}
+    for axis in out:
+        if axis in cons.fixed:
+            out[axis] = [v for v in out[axis] if v == cons.fixed[axis]]
+    return out
+
+
+def candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | None = None,
+               slices: int | None = None) -> Iterator[Mesh]:
+    """Every mesh candidate, in canonical order. Nothing about cost; only the rules in the module docstring."""
+    cons = cons or Constraints()
+    if slices is None:
+        slices = default_slices(chip, chips, cons.slices)
+    opts = axis_options(m, chip, job, chips, cons)
+    node = chip.scale_up.domain_chips if chip.scale_up.kind != "torus" else 0
+    fx = cons.fixed
+    for tp in opts["tp"]:
+        for cp in opts["cp"]:
+            if node and (tp * cp > node or node % (tp * cp)) and tp * cp != chips:
+                continue
+            for pp in opts["pp"]:
+                for ep in opts["ep"]:
+                    mp = tp * cp * pp * ep
+                    if chips % mp:
+                        continue
+                    rest = chips // mp
+                    for fsdp in divisors(rest):
+                        dp = rest // fsdp
+                        if fx.get("dp", dp) != dp or fx.get("fsdp", fsdp) != fsdp:
+                            continue
+                        yield from _meshes(m, chip, job, slices, fx, dp, fsdp, tp, cp, pp, ep)
+
+
+def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int], dp: int, fsdp: int, tp: int,
+            cp: int, pp: int, ep: int) -> Iterator[Mesh]:
+    shards = dp * fsdp * ep
+    if job.global_batch % shards:
+        return
+    if slices > 1:
+        try:
+            dcn_split(Plan(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, slices=slices))
+        except InputError:
+            return
+    per_replica = job.global_batch // shards
+    zeros = [0, 1] if dp > 1 else [0]
+    vpps = [1] + ([v for v in (2, 4, 8, 16, 32) if v <= MAX_VPP and m.n_layers % (pp * v) == 0] if pp > 1 else [])
+    for mb in divisors(per_replica):
+        if fx.get("micro_batch", mb) != mb:
+            continue
+        accum = per_replica // mb
+        for vpp in vpps:
+            if fx.get("vpp", vpp) != vpp or (vpp > 1 and accum % pp):
+                continue
+            for zero in zeros:
+                if fx.get("zero", zero) != zero:
+                    continue
+                yield Mesh(dp, fsdp, tp, cp, pp, ep, vpp, mb, zero, slices)
+
+
+def model_parallel_limit(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> int:
+    """The most chips one sequence can be spread over (tp * cp * pp * ep) under the rules, ignoring the batch."""
+    opts = axis_options(m, chip, job, chips, cons)
+    node = chip.scale_up.domain_chips if chip.scale_up.kind != "torus" else 0
+    best = 0
+    for tp in opts["tp"]:
+        for cp in opts["cp"]:
+            if node and (tp * cp > node or node % (tp * cp)) and tp * cp != chips:
+                continue
+            for pp in opts["pp"]:
+                for ep in opts["ep"]:
+                    mp = tp * cp * pp * ep
+                    if chips % mp == 0:
+                        best = max(best, mp)
+    return best
+
+
+def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> InputError:
+    """Why no mesh exists: a global batch too small or not divisible, or over-tight --fix constraints."""
+    limit = model_parallel_limit(m, chip, job, chips, Constraints(max_tp=cons.max_tp))
+    if limit == 0:
+        return InputError(f"--chips: no way to lay {m.name} on {chips} x {chip.name} under the divisibility "
+                          "rules (tp | n_heads, pp | n_layers, cp | seq_len)")
+    min_shards = chips // limit
+    if job.global_batch < min_shards:
+        return InputError(f"--global-batch: {job.global_batch} sequences is too small for {chips} chips: one "
+                          f"sequence spans at most {limit} chips (tp*cp*pp*ep), so the {min_shards} data-parallel "
+                          f"ranks need a global batch of at least {min_shards} (a multiple of it)")
+    if cons.fixed or cons.max_tp is not None or cons.slices is not None:
+        unconstrained = next(iter(candidates(m, chip, job, chips, Constraints())), None)
+        if unconstrained is not None:
+            return InputError(f"--fix: no plan for {m.name} on {chips} x {chip.name} satisfies "
+                              f"{cons.describe()} with global batch {job.global_batch}")
+    shard_counts = sorted({chips // d for d in divisors(chips) if chips // d >= min_shards})
+    near = sorted({(job.global_batch // s) * s for s in shard_counts if job.global_batch >= s}
+                  | {(job.global_batch // s + 1) * s for s in shard_counts},
+                  key=lambda b: (abs(b - job.global_batch), b))[:4]
+    return InputError(f"--global-batch: {job.global_batch} is not divisible by any usable data-parallel size "
+                      f"(dp*fsdp*ep) for {chips} chips; nearest usable global batches: "
+                      f"{', '.join(map(str, sorted(near)))}")
