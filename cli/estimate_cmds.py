@@ -10,6 +10,7 @@ from cli import options as o
 from cli.main import app
 from cli.render import plan_dict, plan_summary, print_cost, print_json
 from costmodel.estimate import estimate as estimate_cost
+from hardware.errors import InputError
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the cost model against measurements.")
 app.add_typer(bench_app, name="bench")
@@ -17,38 +18,111 @@ app.add_typer(bench_app, name="bench")
 
 @app.command()
 def estimate(
-    model: str = o.MODEL,
-    hardware: str = o.HARDWARE,
-    chips: int = typer.Option(..., "--chips", "-n", help="Number of chips; must equal the product of the degrees."),
-    seq_len: int = o.SEQ_LEN,
-    global_batch: int = typer.Option(..., "--global-batch", "-b", help="Sequences per optimizer step."),
-    dp: int = typer.Option(1, "--dp", help="Data-parallel degree (replicated weights)."),
-    fsdp: int = typer.Option(1, "--fsdp", help="Fully-sharded data-parallel degree."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
-    cp: int = typer.Option(1, "--cp", help="Context (sequence) parallel degree."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE only)."),
-    vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages per pipeline rank."),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-step per model replica."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO stage over the dp axis (0-3)."),
-    remat: str = typer.Option("full", "--remat", help="none, selective, full, a MaxText policy, or custom:t=c,..."),
+    model: str = typer.Option(None, "--model", "-m", help="Preset name, a model YAML path, or a size such as 70B or "
+                                                          "1T (required unless a plan source is given)."),
+    hardware: str = typer.Option(None, "--hardware", "-H", help="Hardware preset name or a profile YAML path "
+                                                                "(default tpu-v5p)."),
+    chips: int = typer.Option(None, "--chips", "-n", help="Number of chips; must equal the product of the degrees."),
+    seq_len: int = typer.Option(None, "--seq-len", "-s", help="Sequence length in tokens (default 4096)."),
+    global_batch: int = typer.Option(None, "--global-batch", "-b", help="Sequences per optimizer step."),
+    dp: int = typer.Option(None, "--dp", help="Data-parallel degree (replicated weights; default 1)."),
+    fsdp: int = typer.Option(None, "--fsdp", help="Fully-sharded data-parallel degree (default 1)."),
+    tp: int = typer.Option(None, "--tp", help="Tensor-parallel degree (default 1)."),
+    cp: int = typer.Option(None, "--cp", help="Context (sequence) parallel degree (default 1)."),
+    pp: int = typer.Option(None, "--pp", help="Pipeline-parallel degree (default 1)."),
+    ep: int = typer.Option(None, "--ep", help="Expert-parallel degree (MoE only; default 1)."),
+    vpp: int = typer.Option(None, "--vpp", help="Virtual pipeline stages per pipeline rank (default 1)."),
+    micro_batch: int = typer.Option(None, "--micro-batch", help="Sequences per micro-step per model replica "
+                                                                "(default 1)."),
+    zero: int = typer.Option(None, "--zero", help="ZeRO stage over the dp axis (0-3; default 0)."),
+    remat: str = typer.Option(None, "--remat", help="none, selective, full (default), a MaxText policy, or "
+                                                    "custom:t=c,..."),
     offload: list[str] = typer.Option(None, "--offload", help="optimizer, params, or remat tensors to offload."),
-    slices: int = typer.Option(1, "--slices", help="TPU slices joined over DCN."),
+    slices: int = typer.Option(None, "--slices", help="TPU slices joined over DCN (default 1)."),
     no_sp: bool = typer.Option(False, "--no-sequence-parallel", help="Disable sequence parallelism on tp."),
-    precision: str = o.PRECISION,
-    framework: str = o.FRAMEWORK,
+    precision: str = typer.Option(None, "--precision", help="Matmul precision: bf16 (default), fp8 or int8."),
+    framework: str = typer.Option(None, "--framework", help="State/collective conventions: maxtext (default), "
+                                                            "megatron, pytorch-fsdp or deepspeed."),
+    plan_file: str = typer.Option(None, "--plan", help="Plan file: model, hardware, chips, job and plan come from "
+                                                       "it; other flags given here override it."),
+    from_maxtext: str = typer.Option(None, "--from-maxtext", help="Cost a MaxText config (maxtext 0.2.5 keys)."),
+    from_megatron: str = typer.Option(None, "--from-megatron", help="Cost Megatron-LM pretrain_gpt.py arguments."),
+    save_plan_to: str = typer.Option(None, "--save-plan", help="Also write the costed plan as a plan file."),
     as_json: bool = o.JSON,
 ) -> None:
     """Cost one explicit plan: step time, MFU, memory per chip and where the time goes."""
-    m, chip = o.resolve(model, hardware)
-    job = o.make_job(seq_len, global_batch, precision, framework)
-    plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, vpp, micro_batch, zero, remat, offload, slices, not no_sp)
+    from cli.plan_cmds import resolve_source
+    from planner.planfile import save_plan
+
+    flags = dict(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
+                 slices=slices)
+    pf = resolve_source(plan_file, from_maxtext, from_megatron, hardware, chips, model, required=False)
+    if pf is None:
+        needed = (("--model", model), ("--chips", chips), ("--global-batch", global_batch))
+        missing = [f for f, v in needed if v is None]
+        if missing:
+            raise InputError(f"{', '.join(missing)}: required (or give --plan FILE, --from-maxtext FILE or "
+                             "--from-megatron FILE)")
+        m, chip = o.resolve(model, hardware or "tpu-v5p")
+        job = o.make_job(seq_len or 4096, global_batch, precision or "bf16", framework or "maxtext")
+        plan = o.make_plan(*(1 if flags[k] is None else flags[k] for k in ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp",
+                                                                         "micro_batch")),
+                           zero or 0, remat or "full", offload, slices or 1, not no_sp)
+        hw_ref = hardware or "tpu-v5p"
+    else:
+        if plan_file:  # --plan: flags given here override the file
+            pf = _override(pf, model, hardware, chips)
+        m, chip, chips, hw_ref = pf.model, pf.hardware, pf.chips, pf.hardware_ref or pf.hardware.name
+        job = o.make_job(seq_len or pf.job.seq_len, global_batch or pf.job.global_batch,
+                         precision or pf.job.precision, framework or pf.job.framework)
+        plan = _override_plan(pf.plan, flags, remat, offload, no_sp)
     o.positive("--chips", chips)
     cost = estimate_cost(m, chip, job, plan, chips)
+    if save_plan_to:
+        save_plan(save_plan_to, model if (model and pf is None) else m, hw_ref, chips, job, plan, cost)
     if as_json:
         print_json({"model": m.name, "hardware": chip.name, "chips": chips, "plan": plan_dict(plan), **cost.to_dict()})
         return
     print_cost(cost, f"{m.name} on {chips} x {chip.name}: {plan_summary(plan)}")
+
+
+def _override_plan(plan, flags: dict, remat: str | None, offload: list[str] | None, no_sp: bool):
+    """Plan-shape flags given together with a plan source replace the file's values."""
+    from costmodel.plan import parse_remat
+
+    upd = {k: v for k, v in flags.items() if v is not None}
+    if remat is not None:
+        upd["remat"] = parse_remat(remat)
+    if no_sp:
+        upd["sequence_parallel"] = False
+    plan = plan.with_(**upd)
+    for item in [s.strip() for x in (offload or []) for s in x.split(",") if s.strip()]:
+        if item in ("optimizer", "opt"):
+            plan = plan.with_(offload_optimizer=True)
+        elif item in ("params", "parameters"):
+            plan = plan.with_(offload_params=True)
+        else:
+            spec = ",".join(f"{t}={'offload' if t == item else c}" for t, c in plan.remat.choices().items())
+            if item not in plan.remat.choices():
+                spec += f",{item}=offload"
+            plan = plan.with_(remat=parse_remat("custom:" + spec))
+    return plan
+
+
+def _override(pf, model: str | None, hardware: str | None, chips: int | None):
+    """--model / --hardware / --chips given together with --plan replace the file's."""
+    from dataclasses import replace
+
+    from costmodel.catalog import load_model
+    from hardware.catalog import load_hardware
+
+    if model:
+        pf = replace(pf, model=load_model(model), model_ref=model)
+    if hardware:
+        pf = replace(pf, hardware=load_hardware(hardware), hardware_ref=hardware)
+    if chips:
+        pf = replace(pf, chips=chips)
+    return pf
 
 
 @bench_app.command("published")
@@ -86,7 +160,8 @@ def bench_published(
 
 @app.command()
 def calibrate(
-    file: str = typer.Option(..., "--file", "-f", help="CSV in the runs_dev.csv schema with measured step times."),
+    file: list[str] = typer.Option(..., "--file", "-f", help="CSV(s) in the runs_dev.csv schema with measured step "
+                                   "times; repeat to combine files."),
     hardware: list[str] = typer.Option(None, "--hardware", "-H", help="Only these presets (default: all in file)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the fit without writing the overlay."),
 ) -> None:

@@ -256,22 +256,28 @@ def plot(
 
 def _sweep_table(rows: list[dict], varied: list[str]) -> Table:
     t = Table(title="best plan per point")
-    for col in (*varied, "step s", "MFU", "plan", "memory GiB", "headroom", "note"):
-        t.add_column(col, justify="left" if col in ("plan", "note", *varied) else "right")
+    notes = any(r.get("reason") for r in rows)
+    cols = (*varied, "step s", "MFU", "degrees", "mb", "remat", "GiB (free)") + (("note",) if notes else ())
+    for col in cols:
+        t.add_column(col, justify="right" if col in ("step s", "MFU", "mb", "GiB (free)") else "left",
+                     overflow="fold" if col in ("remat", "note") else "ellipsis")
     for r in rows:
         keys = [str(r[v]) for v in varied]
         if "step_time_s" not in r:
-            t.add_row(*keys, "", "", "", "", "", f"[red]infeasible: {r['reason']}[/red]")
+            t.add_row(*keys, "", "", "", "", "", "", f"[red]infeasible: {r['reason']}[/red]")
             continue
         deg = " ".join(f"{a}={r[a]}" for a in ("dp", "fsdp", "tp", "cp", "pp", "ep") if r.get(a, 1) > 1)
-        extra = f" mb={r['micro_batch']} remat={r['remat']}"
-        if r.get("offload_optimizer"):
-            extra += " offload=optimizer"
+        if r.get("vpp", 1) > 1:
+            deg += f" vpp={r['vpp']}"
         if r.get("slices", 1) > 1:
-            extra += f" slices={r['slices']}"
-        note = "" if r["feasible"] else f"[red]{r['reason']}[/red]"
-        t.add_row(*keys, f"{r['step_time_s']:.3f}", f"{r['mfu'] * 100:.1f} %", (deg or "single chip") + extra,
-                  f"{r['peak_memory_gib']:.1f}", f"{r['headroom_gib']:.1f}", note)
+            deg += f" ({r['slices']} slices)"
+        remat = r["remat"] + (" +opt offload" if r.get("offload_optimizer") else "") + \
+            (" +param offload" if r.get("offload_params") else "")
+        cells = [*keys, f"{r['step_time_s']:.3f}", f"{r['mfu'] * 100:.1f} %", deg or "single chip",
+                 str(r["micro_batch"]), remat, f"{r['peak_memory_gib']:.1f} ({r['headroom_gib']:.1f})"]
+        if notes:
+            cells.append("" if r["feasible"] else f"[red]{r['reason']}[/red]")
+        t.add_row(*cells)
     return t
 
 
@@ -284,7 +290,8 @@ def sweep(
     model: str = typer.Option(None, "--model", "-m", help="Model (unless varied): preset, YAML path or size."),
     hardware: str = typer.Option("tpu-v5p", "--hardware", "-H", help="Hardware preset or profile (unless varied)."),
     chips: int = typer.Option(None, "--chips", "-n", help="Number of chips (unless varied)."),
-    global_batch: int = typer.Option(None, "--global-batch", "-b", help="Sequences per step (unless varied)."),
+    global_batch: int = typer.Option(None, "--global-batch", "-b",
+                                     help="Sequences per step (unless varied); default about 4M tokens per point."),
     seq_len: int = o.SEQ_LEN,
     precision: str = o.PRECISION,
     framework: str = o.FRAMEWORK,

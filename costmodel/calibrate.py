@@ -25,17 +25,17 @@ from hardware.errors import InputError
 # name: (lower, upper, prior scale) - physical bounds of each efficiency parameter
 BOUNDS: dict[str, tuple[float, float, float]] = {
     "matmul_peak": (0.3, 0.95, 0.3),
-    "matmul_half_dim": (0.0, 512.0, 500.0),
-    "attention": (0.15, 1.0, 0.5),
-    "hbm": (0.2, 1.0, 0.5),
-    "link": (0.1, 1.0, 0.5),
+    "matmul_half_dim": (0.0, 256.0, 128.0),
+    "attention": (0.3, 1.0, 0.3),
+    "hbm": (0.5, 1.0, 0.3),
+    "link": (0.3, 1.0, 0.3),
     "net": (0.05, 1.0, 0.5),
     "overlap": (0.0, 1.0, 0.5),
     "tp_overlap": (0.0, 1.0, 0.5),
     "lowp_gain": (0.0, 1.0, 0.5),
     "step_overhead_s": (0.0, 0.5, 0.5),
 }
-PRIOR_WEIGHT = 0.02
+PRIOR_WEIGHT = 0.1
 
 
 def _chip_with(chip: Chip, names: list[str], x: np.ndarray) -> Chip:
@@ -94,14 +94,19 @@ def write_overlay(chip_name: str, eff: Efficiency, stats: dict[str, float], sour
 
 # Chips with the same silicon, host and network share one fit (their rows differ only in HBM capacity).
 CALIBRATION_GROUPS = {"a100-40gb": "a100", "a100-80gb": "a100"}
+# Chips without published runs borrow the fit of their closest measured relative, marked as borrowed in the
+# overlay: H200 is H100's die with more/faster HBM; B200 runs the same CUDA/NCCL stack one generation on.
+BORROWERS = {"h100-sxm": ("h200", "b200")}
 
 
-def calibrate_all(file: str, only: list[str] | None = None, write: bool = True):
-    """Fit every chip (or group of chips) that has rows in `file`; yield (name, eff, stats, overlay path)."""
+def calibrate_all(files: str | list[str], only: list[str] | None = None, write: bool = True):
+    """Fit every chip (or group of chips) that has rows in `files`; yield (name, eff, stats, overlay path)."""
     from costmodel.published import load_cases
     from hardware.catalog import load_hardware, preset_names, with_calibration
 
-    cases, _ = load_cases(file)
+    files = [files] if isinstance(files, str) else list(files)
+    cases = [c for f in files for c in load_cases(f)[0]]
+    file = "+".join(Path(f).name for f in files)
     if only:
         for name in only:
             if name not in preset_names():
@@ -124,7 +129,11 @@ def calibrate_all(file: str, only: list[str] | None = None, write: bool = True):
 
         cs = [strip(c) for c in cs]
         eff, stats = _fit_group(cs)
-        paths = [write_overlay(m, eff, stats, Path(file).name) if write else None for m in members]
+        paths = [write_overlay(m, eff, stats, file) if write else None for m in members]
+        for lender in members:
+            for borrower in BORROWERS.get(lender, ()):
+                if write and borrower not in members:
+                    paths.append(write_overlay(borrower, eff, stats, f"{file} (borrowed from {lender})"))
         with_calibration.cache_clear()
         yield "+".join(members), eff, stats, ", ".join(str(p) for p in paths if p)
 

@@ -63,8 +63,8 @@ def group_time(links: list[AxisLink], kind: str, nbytes: float, chip: Chip, flat
 def op_time(op: Op, chip: Chip, peak: float) -> float:
     """Seconds for one op: FLOPs over peak times an efficiency that falls for small per-chip matmul dims."""
     e = chip.eff
-    if op.is_attention:  # flash attention: its inner matmuls contract over head_dim (op.min_dim)
-        return op.flops / (peak * e.matmul_peak * e.attention * op.min_dim / (op.min_dim + e.matmul_half_dim))
+    if op.is_attention:  # fused (flash) attention: its own efficiency relative to large matmuls
+        return op.flops / (peak * e.matmul_peak * e.attention)
     eff = e.matmul_peak * op.min_dim / (op.min_dim + e.matmul_half_dim)
     return op.flops / (peak * eff)
 

@@ -71,9 +71,13 @@ class Program:
         params.num_workers = 1
         params.random_seed = SEED
         params.max_time_in_seconds = time_limit_s
+        params.cp_model_presolve = False  # programs of ~25 variables: presolve costs more than it saves
+        params.linearization_level = 0
         solver = cmh.SolveWrapper()
         solver.set_parameters(params)
         response = solver.solve(proto)
+        if response.status == cmh.CpSolverStatus.MODEL_INVALID:
+            raise RuntimeError(f"CP-SAT rejected the program: {cmh.CpSatHelper.validate_model(proto)}")
         if response.status not in (cmh.CpSolverStatus.OPTIMAL, cmh.CpSolverStatus.FEASIBLE):
             return None
         return [int(x) for x in response.solution]
@@ -90,7 +94,11 @@ class Program:
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = SEED
         solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.cp_model_presolve = False
+        solver.parameters.linearization_level = 0
         status = solver.solve(model)
+        if status == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"CP-SAT rejected the program: {model.validate()}")
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         return [int(solver.value(x)) for x in xs]

@@ -23,7 +23,8 @@ planner/maxtext_0_2_5_keys.txt). Mapping (plan -> MaxText):
                    quantization int8 / fp8.
 
 Not expressible in MaxText (exported as the nearest plan, with a warning): ZeRO-2/3 over the data axis (ZeRO-3
-becomes the fsdp axis, ZeRO-2 becomes ZeRO-1), tensor parallelism without sequence-sharded activations
+becomes the fsdp axis, ZeRO-2 becomes ZeRO-1), ZeRO-1 together with an fsdp axis (MaxText 0.2.5 refuses
+shard_optimizer_over_data with fsdp > 1: zero becomes 0), tensor parallelism without sequence-sharded activations
 (MaxText always shards the residual stream over `tensor`), a pipeline whose micro-batch count is not a multiple
 of the stage count (the micro-batch size is lowered until it is).
 """
@@ -81,6 +82,11 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
         if pf.plan.dp > 1:
             notes.append(f"zero {pf.plan.zero}: MaxText shards only the optimizer state over `data` "
                          "(shard_optimizer_over_data, ZeRO-1); zero -> 1")
+    if plan.zero >= 1 and plan.fsdp > 1:
+        if plan.dp > 1:
+            notes.append(f"zero {plan.zero} with fsdp={plan.fsdp}: MaxText 0.2.5 refuses shard_optimizer_over_data "
+                         "together with an fsdp axis; zero -> 0 (optimizer state sharded over fsdp only)")
+        plan = plan.with_(zero=0)
     if not plan.sequence_parallel:
         plan = plan.with_(sequence_parallel=True)
         if plan.tp > 1:
@@ -254,8 +260,8 @@ def maxtext_text(pf: PlanFile) -> tuple[str, Adapted]:
     aot = compile_topology(pf, keys["num_slices"])
     lines = [
         f"# MaxText config written by planner for {pf.model.name} on {pf.chips} x {pf.hardware.name}.",
-        f"# Keys valid for maxtext=={MAXTEXT_VERSION} on PyPI (src/maxtext/configs/base.yml); base_config makes MaxText",
-        "# read its packaged base.yml first, so this file can be given as the config:",
+        f"# Keys valid for maxtext=={MAXTEXT_VERSION} on PyPI (src/maxtext/configs/base.yml); base_config makes",
+        "# MaxText read its packaged base.yml first, so this file can be given as the config:",
         "#   python -m maxtext.trainers.pre_train.train THIS_FILE run_name=... base_output_directory=... \\",
         "#       dataset_type=synthetic (or your dataset and tokenizer keys)",
         "# or pass its keys as key=value overrides after maxtext/configs/base.yml.",

@@ -336,10 +336,30 @@ HEADER = ("# planner plan file (format version {v}); see planner/README_planfile
           "# into a training config. 'predicted' is the estimate when the file was written, for reference only.\n")
 
 
+class _Flow(dict):
+    """A small mapping written on one line ({dp: 1, fsdp: 16, ...})."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Flow, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v.items(), flow_style=True))
+FLOW_KEYS = ("degrees", "ici", "dcn", "tensors")
+
+
+def _flowed(obj: Any, key: str = "") -> Any:
+    if isinstance(obj, dict):
+        inner = {k: _flowed(v, k) for k, v in obj.items()}
+        return _Flow(inner) if key in FLOW_KEYS else inner
+    return obj
+
+
 def dumps(data: dict, fmt: str = "yaml") -> str:
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
-    return HEADER.format(v=VERSION) + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+    body = yaml.dump(_flowed(data), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+    return HEADER.format(v=VERSION) + body
 
 
 def save_plan(path: str | Path, model: ModelSpec | str, chip_name: str | Chip, chips: int, job: Job, plan: Plan,

@@ -149,9 +149,14 @@ def draw_sweep(rows: list[dict], x: str, series: str | None = None, axes=None, t
         vals = [r.get(col, 1) or 1 for r in ok]
         if any(v > 1 for v in vals):
             ax_d.plot([where[r[x]] for r in ok], vals, "o-", label=col)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     ax_d.set_yscale("log", base=2)
+    ax_d.yaxis.set_major_formatter(ScalarFormatter())
+    ax_d.yaxis.set_minor_formatter(NullFormatter())
     ax_mfu.set_ylabel("MFU %")
-    ax_mfu.set_ylim(bottom=0)
+    top = max((r["mfu"] * 100 for r in rows if r.get("feasible")), default=100.0)
+    ax_mfu.set_ylim(0, min(100.0, top * 1.15) if top > 0 else 100.0)
     ax_t.set_ylabel("step time (s)")
     ax_d.set_ylabel("chosen degree" + (f" ({series}={next(iter(groups))})" if series else ""))
     ax_m.set_ylabel("HBM headroom per chip (GiB)")
@@ -159,7 +164,7 @@ def draw_sweep(rows: list[dict], x: str, series: str | None = None, axes=None, t
     for ax in axes.flat:
         ax.set_xlabel(x)
         if numeric:
-            if max(xpos) / max(min(xpos), 1e-12) > 8:
+            if min(xpos) > 0 and max(xpos) / min(xpos) >= 4:
                 ax.set_xscale("log", base=2)
             ax.set_xticks(xpos, [str(v) for v in xs_all], fontsize=8)
             ax.minorticks_off()

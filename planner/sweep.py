@@ -63,7 +63,7 @@ class SweepBase:
     model: str = ""
     hardware: str = "tpu-v5p"
     chips: int | None = None
-    global_batch: int | None = None
+    global_batch: int | None = None  # None: the planner's default for each point (about 4M tokens)
     seq_len: int = 4096
     precision: str = "bf16"
     framework: str = "maxtext"
@@ -155,9 +155,8 @@ def check_axes(axes: list[Axis], base: SweepBase) -> None:
     varied = {a.name for a in axes}
     if "model" not in varied and not base.model:
         raise InputError("--model: required unless the sweep varies model")
-    for name, flag in (("chips", "--chips"), ("global_batch", "--global-batch")):
-        if name not in varied and getattr(base, name) is None:
-            raise InputError(f"{flag}: required unless the sweep varies {name}")
+    if "chips" not in varied and base.chips is None:
+        raise InputError("--chips: required unless the sweep varies chips")
     n = math.prod(len(a.values) for a in axes)
     if n > MAX_POINTS:
         raise InputError(f"--vary: {n} points is more than the {MAX_POINTS} a sweep takes")
@@ -180,6 +179,13 @@ def default_search(m: ModelSpec, chip: Chip, chips: int, job: Job) -> tuple[Plan
     from planner.solve import best_plan  # the planner search; imported here to keep start-up light
 
     return best_plan(m, chip, chips, job)
+
+
+def default_global_batch(chips: int, seq_len: int) -> int:
+    """The planner's default batch for a point that does not set one (about 4M tokens, divisible to fit chips)."""
+    from planner.candidates import default_global_batch as planner_default
+
+    return planner_default(chips, seq_len)
 
 
 def row_for(point: dict, plan: Plan | None, cost: Cost | None, reason: str = "", seconds: float = 0.0) -> dict:
@@ -207,6 +213,8 @@ def run_point(point: dict, search: SearchFn) -> dict:
     """Plan one point; any InputError (bad divisibility, unknown name, nothing fits) becomes the row's reason."""
     t0 = time.perf_counter()
     try:
+        if point.get("global_batch") is None:
+            point = {**point, "global_batch": default_global_batch(point["chips"], point["seq_len"])}
         m, chip = load_model(point["model"]), load_hardware(point["hardware"])
         job = Job(seq_len=point["seq_len"], global_batch=point["global_batch"], precision=point["precision"],
                   framework=point["framework"])

@@ -190,8 +190,10 @@ def test_parse_vary_errors(text, words):
 
 def test_check_axes():
     base = sw.SweepBase(model="8B", chips=8)
-    with pytest.raises(InputError, match="--global-batch"):
-        sw.points(base, [sw.parse_vary("chips=8,16")])
+    with pytest.raises(InputError, match="--chips"):
+        sw.points(sw.SweepBase(model="8B"), [sw.parse_vary("seq_len=1024,2048")])
+    with pytest.raises(InputError, match="--model"):
+        sw.points(sw.SweepBase(chips=8), [sw.parse_vary("seq_len=1024,2048")])
     with pytest.raises(InputError, match="twice"):
         sw.points(base, [sw.parse_vary("chips=8"), sw.parse_vary("chips=16")])
     with pytest.raises(InputError, match="at most two"):
@@ -222,6 +224,9 @@ def test_run_sweep_rows_and_infeasible_points():
     assert not bad["feasible"] and "global_batch" in bad["reason"] and "step_time_s" not in bad
     rows = sw.run_sweep(base, [sw.parse_vary("chips=16")], nothing_fits)
     assert rows[0]["reason"] == "no plan fits in memory"
+    # No global batch: the planner's default for each point (about 4M tokens).
+    rows = sw.run_sweep(sw.SweepBase(model="llama3-8b", seq_len=4096), [sw.parse_vary("chips=16,32")], fsdp_search)
+    assert [r["global_batch"] for r in rows] == [1024, 1024] and all(r["feasible"] for r in rows)
 
 
 def test_parallel_sweep_matches_serial():
@@ -307,7 +312,7 @@ def test_cli_plot(tmp_path):
      "does not exist"),
     (["sweep", "--model", "8B", "--global-batch", "64", "--vary", "chips=8,16", "--out", "/nonexistent-dir/s.csv"],
      "does not exist"),
-    (["sweep", "--model", "8B", "--vary", "chips=8,16"], "--global-batch"),
+    (["sweep", "--model", "8B", "--vary", "seq_len=1024,2048"], "--chips"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, words):
     r = run_cli(*args)

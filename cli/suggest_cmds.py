@@ -1,0 +1,189 @@
+"""`planner suggest`: the fastest plans that fit, from the auto-parallel search (planner.solve)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import typer
+
+from cli import options as o
+from cli.main import app
+from cli.render import plan_dict, print_json
+from hardware.errors import InputError
+
+GIB = 2**30
+SHORT = {"layer_input": "in", "qkv_proj": "qkv", "context": "ctx", "out_proj": "out", "mlp_in": "mlp_in",
+         "mlp_out": "mlp_out"}
+TOKENS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)\s*$", re.IGNORECASE)
+
+
+def parse_tokens(text: str | None) -> int | None:
+    """'4M' -> 4 * 2**20 tokens (K/M/G are powers of two, as batch sizes in tokens usually are)."""
+    if text is None:
+        return None
+    m = TOKENS_RE.match(text)
+    if not m:
+        raise InputError(f"--tokens-per-batch: expected a positive number of tokens such as 4194304 or 4M, got {text!r}")
+    value = float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()]
+    if value < 1:
+        raise InputError(f"--tokens-per-batch: expected a positive number of tokens, got {text!r}")
+    return int(round(value))
+
+
+def fates(plan) -> str:
+    """Short remat/offload summary: which tensors are kept, recomputed, offloaded; optimizer/params offload."""
+    ch = plan.remat.choices()
+    parts = []
+    for label, choice in (("save", "device"), ("remat", "remat"), ("offload", "offload")):
+        names = [SHORT[t] for t, c in ch.items() if c == choice]
+        if names:
+            parts.append(f"{label} {','.join(names)}" if len(names) < 6 else f"{label} all")
+    host = [n for n, on in (("optimizer", plan.offload_optimizer), ("params", plan.offload_params)) if on]
+    if host:
+        parts.append("host " + ",".join(host))
+    name = plan.remat.name if plan.remat.name != "custom" else ""
+    return (f"[{name}] " if name else "") + "; ".join(parts)
+
+
+def degrees(plan) -> str:
+    d = " ".join(f"{a}={v}" for a, v in plan.degrees().items() if v > 1) or "1 chip"
+    extra = [f"vpp={plan.vpp}"] if plan.vpp > 1 else []
+    if plan.zero:
+        extra.append(f"zero={plan.zero}")
+    if plan.slices > 1:
+        extra.append(f"slices={plan.slices}")
+    return " ".join([d] + extra)
+
+
+def result_dict(rank: int, r) -> dict:
+    c = r.cost
+    return {"rank": rank, "plan": plan_dict(r.plan), "degrees": r.plan.degrees(), "micro_batch": r.plan.micro_batch,
+            "grad_accum": c.grad_accum, "remat": r.plan.remat.choices(),
+            "offload_optimizer": r.plan.offload_optimizer, "offload_params": r.plan.offload_params,
+            "step_time_s": c.step_time_s, "mfu": c.mfu, "tokens_per_s": c.tokens_per_s,
+            "peak_memory_bytes": c.peak_memory_bytes, "hbm_usable_bytes": c.hbm_usable_bytes,
+            "host_memory_bytes": c.host_memory_bytes, "fits": c.fits, "dominant": c.dominant,
+            "breakdown_time_s": dict(c.time)}
+
+
+def suggestion_dict(s) -> dict:
+    out = {"model": s.model.name, "hardware": s.chip.name, "chips": s.chips, "slices": s.slices,
+           "job": {"seq_len": s.job.seq_len, "global_batch": s.job.global_batch, "tokens_per_batch": s.job.tokens,
+                   "precision": s.job.precision, "framework": s.job.framework},
+           "constraints": s.constraints.describe(), "search": s.stats.to_dict(),
+           "plans": [result_dict(i + 1, r) for i, r in enumerate(s.plans)]}
+    if s.infeasible is not None:
+        out["infeasible"] = s.infeasible.to_dict()
+    return out
+
+
+def print_suggestion(s) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from cli.render import print_cost
+    from planner.solve import why_better
+
+    console = Console() if sys.stdout.isatty() else Console(width=150)  # pipes and files: no wrapped rows
+    job = s.job
+    head = (f"{s.model.name} on {s.chips} x {s.chip.name}"
+            + (f" ({s.slices} slices)" if s.slices > 1 else "")
+            + f": seq {job.seq_len}, global batch {job.global_batch} ({job.tokens / 2**20:.1f}M tokens), "
+            f"{job.precision}, {job.framework}")
+    if not s.plans:
+        console.print(f"[bold]{head}[/bold]")
+        inf = s.infeasible
+        console.print(f"[bold red]{inf.reason if inf else 'no plan fits'}[/bold red]")
+        for tip in (inf.suggestions if inf else ()):
+            console.print(f"  - {tip}")
+        return
+    t = Table(title=f"top {len(s.plans)} plans: {head}")
+    for col in ("#", "degrees", "mb x accum", "remat / offload", "step s", "MFU", "tokens/s", "mem GiB", "dominant"):
+        t.add_column(col, justify="right" if col in ("#", "step s", "MFU", "tokens/s", "mem GiB") else "left")
+    for i, r in enumerate(s.plans, 1):
+        c = r.cost
+        t.add_row(str(i), degrees(r.plan), f"{r.plan.micro_batch} x {c.grad_accum}", fates(r.plan),
+                  f"{c.step_time_s:.3f}", f"{c.mfu * 100:.1f}%", f"{c.tokens_per_s:,.0f}",
+                  f"{c.peak_memory_bytes / GIB:.1f}/{c.hbm_usable_bytes / GIB:.1f}", c.dominant)
+    console.print(t)
+    st = s.stats
+    console.print(f"searched {st.candidates} mesh candidates: {st.infeasible} out of memory, {st.bounded} bounded, "
+                  f"{st.solved} solved with CP-SAT{' (exhaustive)' if st.exhaustive else ''}; "
+                  f"{st.estimates} cost-model calls")
+    best = s.plans[0]
+    print_cost(best.cost, f"best plan: {degrees(best.plan)}, micro-batch {best.plan.micro_batch}, "
+               f"{fates(best.plan)}", console)
+    if len(s.plans) > 1:
+        console.print("why #1: " + why_better(best, s.plans[1]))
+
+
+@app.command()
+def suggest(
+    model: str = o.MODEL,
+    chips: int = typer.Option(..., "--chips", "-n", help="Number of chips for the job."),
+    hardware: str = o.HARDWARE,
+    seq_len: int = o.SEQ_LEN,
+    global_batch: int = typer.Option(None, "--global-batch", "-b",
+                                     help="Sequences per optimizer step [about 4M tokens, rounded to fit chips]."),
+    tokens_per_batch: str = typer.Option(None, "--tokens-per-batch",
+                                         help="Tokens per step instead of --global-batch, e.g. 4M (= 4*2^20)."),
+    slices: int = typer.Option(None, "--slices", help="TPU slices over DCN [the fewest that form --chips]."),
+    top: int = typer.Option(5, "--top", "-k", help="How many plans to list."),
+    max_tp: int = typer.Option(None, "--max-tp", help="Largest tensor-parallel degree to consider."),
+    fix: str = typer.Option(None, "--fix",
+                            help="Pin choices: comma list of key=value; keys dp, fsdp, tp, cp, pp, ep, vpp, "
+                                 "micro_batch (mb), zero, remat (a policy name), offload_optimizer, offload_params."),
+    framework: str = o.FRAMEWORK,
+    precision: str = o.PRECISION,
+    exhaustive: bool = typer.Option(False, "--exhaustive", help="Solve every mesh candidate (no pruning)."),
+    as_json: bool = o.JSON,
+    save: str = typer.Option(None, "--save", help="Write the best plan as a plan file (YAML, or JSON for .json)."),
+    export: str = typer.Option(None, "--export", help="Also export the best plan: maxtext, megatron or json."),
+    out: str = typer.Option(None, "--out", "-o", help="File for --export (default: stdout after the tables)."),
+) -> None:
+    """Search meshes, micro-batching, remat and offload for the fastest plans that fit in memory."""
+    from planner.candidates import default_global_batch, parse_fix
+    from planner.solve import search
+
+    m, chip = o.resolve(model, hardware)
+    o.positive("--chips", chips)
+    o.positive("--seq-len", seq_len)
+    if global_batch is not None and tokens_per_batch is not None:
+        raise InputError("--global-batch and --tokens-per-batch: give one of them, not both")
+    if global_batch is None:
+        global_batch = default_global_batch(chips, seq_len, parse_tokens(tokens_per_batch))
+    job = o.make_job(seq_len, global_batch, precision, framework)
+    cons = parse_fix(fix, max_tp, slices)
+    if export is not None:
+        from planner.export import FORMATS
+
+        if export not in FORMATS:
+            from hardware.errors import unknown
+
+            raise unknown("export format", export, FORMATS)
+        if as_json and out is None:
+            raise InputError("--export with --json: give --out FILE so that stdout stays one JSON object")
+    elif out is not None:
+        raise InputError("--out: needs --export maxtext|megatron|json")
+    result = search(m, chip, job, chips, cons, top=top, exhaustive=exhaustive)
+    if as_json:
+        print_json(suggestion_dict(result))
+    else:
+        print_suggestion(result)
+    if result.plans and (save or export):
+        best = result.plans[0]
+        if save:
+            from planner.planfile import save_plan
+
+            save_plan(save, model, hardware, chips, job, best.plan, best.cost,
+                      description=f"planner suggest: best of {result.stats.candidates} mesh candidates")
+        if export:
+            from planner.export import write_export
+            from planner.planfile import PlanFile
+
+            pf = PlanFile(model=m, hardware=chip, chips=chips, job=job, plan=best.plan, model_ref=model,
+                          hardware_ref=hardware)
+            text = write_export(pf, export, out)
+            if out is None and not as_json:
+                typer.echo(text)

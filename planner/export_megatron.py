@@ -1,0 +1,191 @@
+"""Plan file -> Megatron-LM arguments for pretrain_gpt.py, written as a bash file that defines MEGATRON_ARGS.
+
+Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025-05 tree and the 2026 HEAD, see
+/work/shared/reference/hardware_and_configs.md Part 3). Mapping (plan -> Megatron):
+
+  degrees     --tensor-model-parallel-size, --pipeline-model-parallel-size, --context-parallel-size,
+              --expert-model-parallel-size; Megatron's data-parallel size is world / (TP * PP * CP), which is our
+              dp * fsdp * ep (expert parallelism is carved out of the data-parallel ranks).
+  vpp         --num-layers-per-virtual-pipeline-stage n_layers / (pp * vpp)
+  batch       --micro-batch-size (sequences per data-parallel rank per micro-step = our micro_batch),
+              --global-batch-size; Megatron requires GBS % (MBS * DP) == 0 and runs GBS / (MBS * DP) micro-batches.
+  zero        1 -> --use-distributed-optimizer (+ --overlap-param-gather)
+  SP          --sequence-parallel (only meaningful with TP > 1)
+  remat       none -> no flag; selective -> --recompute-granularity selective;
+              full -> --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  offload     --optimizer-cpu-offload --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer
+  precision   --bf16; fp8 -> --bf16 --fp8-format hybrid; fp16 -> --fp16
+  model       --num-layers --hidden-size --ffn-hidden-size --num-attention-heads --kv-channels
+              [--group-query-attention --num-query-groups] [--swiglu] [--untie-embeddings-and-output-weights]
+              --seq-length --max-position-embeddings --vocab-size; MoE: --num-experts --moe-router-topk
+              --moe-ffn-hidden-size [--moe-shared-expert-intermediate-size] [--moe-layer-freq]
+              [--moe-expert-capacity-factor]; MLA: --multi-latent-attention --q-lora-rank --kv-lora-rank
+              --qk-head-dim --qk-pos-emb-head-dim --v-head-dim. Megatron normally takes the vocabulary from the
+              tokenizer (padded to a multiple of --make-vocab-size-divisible-by * TP); --vocab-size is what
+              NullTokenizer uses.
+
+Not expressible (exported as the nearest plan, with a warning and both predicted costs): an fsdp axis or ZeRO-2/3
+(-> data parallel with the distributed optimizer, ZeRO-1), remat choices other than none/selective/full (-> the
+policy keeping the most similar set of tensors in HBM), activation offload, parameter offload, optimizer offload
+without the distributed optimizer, int8 matmuls (-> bf16).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+
+from costmodel.plan import REMAT_POLICIES
+from hardware.errors import InputError
+from planner.adapt import Adapted, named_policy, nearest_policy
+from planner.planfile import PlanFile, model_ref_for
+
+MEGATRON_POLICIES = ("full", "selective", "none")  # most recompute first (nearest_policy ties go first)
+
+
+def megatron_plan(pf: PlanFile) -> Adapted:
+    """The nearest plan Megatron-LM can run (and the job under Megatron's state convention)."""
+    p, job, notes = pf.plan, pf.job, []
+    plan = p
+    if p.fsdp > 1:
+        plan = plan.with_(dp=p.dp * p.fsdp, fsdp=1, zero=1)
+        notes.append(f"fsdp={p.fsdp}: Megatron-LM has no fully-sharded axis; it becomes data parallel "
+                     f"(dp {p.dp} -> {plan.dp}) with the distributed optimizer (ZeRO-1, zero -> 1). "
+                     "Megatron-FSDP (--use-megatron-fsdp) is not exported")
+    elif p.zero >= 2:
+        plan = plan.with_(zero=1)
+        if p.dp > 1:
+            notes.append(f"zero {p.zero}: Megatron's distributed optimizer shards the optimizer state (ZeRO-1); "
+                         "zero -> 1")
+    named = named_policy(plan.remat, MEGATRON_POLICIES)
+    if named is None:
+        near = nearest_policy(plan.remat, MEGATRON_POLICIES)
+        notes.append(f"remat {plan.remat.summary()}: Megatron-LM recomputes none, selective (core attention) or "
+                     f"full layers; remat -> {near.name}")
+        named = near
+    plan = plan.with_(remat=named)
+    if plan.offload_params:
+        plan = plan.with_(offload_params=False)
+        notes.append("offload_params: Megatron-LM keeps parameters on the GPU; offload_params -> false")
+    if plan.offload_optimizer and plan.zero == 0:
+        plan = plan.with_(zero=1)
+        notes.append("offload_optimizer: Megatron's --optimizer-cpu-offload runs through the distributed "
+                     "optimizer (precision-aware); zero 0 -> 1")
+    if plan.tp == 1 and plan.sequence_parallel:
+        plan = plan.with_(sequence_parallel=False)  # Megatron turns SP off at TP=1 itself: same cost
+    if job.precision == "int8":
+        job = replace(job, precision="bf16")
+        notes.append("precision int8: Megatron-LM trains in bf16, fp16 or fp8; precision -> bf16")
+    if job.framework != "megatron":
+        notes.append(f"framework {job.framework}: Megatron keeps bf16 weights with fp32 main gradients, master "
+                     "weights and moments (the megatron state convention); framework -> megatron")
+        job = replace(job, framework="megatron")
+    if pf.hardware.vendor != "gpu":
+        notes.append(f"hardware: Megatron-LM runs on NVIDIA GPUs; {pf.hardware.name} is a {pf.hardware.vendor}")
+    return Adapted(plan, job, tuple(notes))
+
+
+def _moe_layer_freq(m) -> str:
+    return f"([0]*{m.n_dense_layers}+[1]*{m.n_layers - m.n_dense_layers})"
+
+
+def megatron_args(pf: PlanFile) -> tuple[list[str], Adapted]:
+    """The argument list (flag, value, flag, ...) for the nearest expressible plan, and that plan."""
+    ad = megatron_plan(pf)
+    plan, job, m = ad.plan, ad.job, pf.model
+    notes = list(ad.notes)
+    if plan.cp > 1 and job.seq_len % (2 * plan.cp):
+        raise InputError(f"cp: Megatron-LM needs seq_len ({job.seq_len}) divisible by 2 * cp = {2 * plan.cp}")
+    a: list[str] = ["--num-layers", str(m.n_layers), "--hidden-size", str(m.d_model),
+                    "--ffn-hidden-size", str(m.ffn_dim), "--num-attention-heads", str(m.n_heads)]
+    if m.is_mla:
+        a += ["--multi-latent-attention", "--q-lora-rank", str(m.q_lora_rank), "--kv-lora-rank", str(m.kv_lora_rank),
+              "--qk-head-dim", str(m.head_dim - m.qk_rope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim),
+              "--v-head-dim", str(m.v_head_dim)]
+    else:
+        a += ["--kv-channels", str(m.head_dim)]
+        if m.n_kv_heads != m.n_heads:
+            a += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
+    if m.gated_mlp:
+        a += ["--swiglu"]
+    if not m.tied_embeddings:
+        a += ["--untie-embeddings-and-output-weights"]
+    a += ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear"]
+    a += ["--vocab-size", str(m.vocab_size)]
+    if m.is_moe:
+        a += ["--num-experts", str(m.n_experts), "--moe-router-topk", str(m.experts_per_token),
+              "--moe-ffn-hidden-size", str(m.moe_ffn_dim)]
+        if m.n_shared_experts:
+            a += ["--moe-shared-expert-intermediate-size", str(m.n_shared_experts * m.moe_ffn_dim)]
+        if m.n_dense_layers:
+            a += ["--moe-layer-freq", _moe_layer_freq(m)]
+        if m.capacity_factor > 0:
+            a += ["--moe-expert-capacity-factor", repr(float(m.capacity_factor)), "--moe-pad-expert-input-to-capacity"]
+        a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    if m.sliding_window:
+        notes.append(f"model: sliding-window attention ({m.sliding_window} tokens) is not exported; add "
+                     "Megatron's window-attention flags by hand")
+    a += ["--seq-length", str(job.seq_len), "--max-position-embeddings", str(job.seq_len),
+          "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(job.global_batch),
+          "--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    if plan.vpp > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (plan.pp * plan.vpp))]
+    a += ["--context-parallel-size", str(plan.cp)]
+    if plan.ep > 1:
+        a += ["--expert-model-parallel-size", str(plan.ep)]
+    if plan.sequence_parallel:
+        a += ["--sequence-parallel"]
+    if plan.zero >= 1:
+        a += ["--use-distributed-optimizer"]
+    if plan.dp * plan.ep > 1:
+        a += ["--overlap-grad-reduce"]
+        if plan.zero >= 1:
+            a += ["--overlap-param-gather"]
+    if plan.remat.name == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif plan.remat.name == "full":
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if plan.offload_optimizer:
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
+    if job.precision == "fp16":
+        a += ["--fp16"]
+    else:
+        a += ["--bf16"]
+        if job.precision == "fp8":
+            a += ["--fp8-format", "hybrid"]
+    return a, replace(ad, notes=tuple(notes))
+
+
+def _lines(args: list[str]) -> list[str]:
+    """One flag (with its value) per line."""
+    out: list[str] = []
+    for tok in args:
+        if tok.startswith("--") or not out:
+            out.append(shlex.quote(tok))
+        else:
+            out[-1] += " " + shlex.quote(tok)
+    return out
+
+
+def megatron_text(pf: PlanFile) -> tuple[str, Adapted]:
+    args, ad = megatron_args(pf)
+    per_node = pf.hardware.chips_per_host if pf.hardware.vendor == "gpu" else 8
+    nodes = max(1, pf.chips // per_node) if pf.chips >= per_node else 1
+    nproc = per_node if pf.chips >= per_node else pf.chips
+    model_hint = model_ref_for(pf.model) or pf.model.name
+    head = [
+        "#!/usr/bin/env bash",
+        f"# Megatron-LM arguments for pretrain_gpt.py, written by planner for {pf.model.name} on "
+        f"{pf.chips} x {pf.hardware.name}.",
+        "# Source this file, then on every node add data, tokenizer and optimizer arguments, e.g.:",
+        f"#   torchrun --nproc-per-node {nproc} --nnodes {nodes} --node-rank $NODE_RANK --master-addr $MASTER_ADDR \\",
+        '#       pretrain_gpt.py "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...',
+        "# --vocab-size is used by --tokenizer-type NullTokenizer; other tokenizers set the vocabulary themselves",
+        "# (Megatron pads it to a multiple of --make-vocab-size-divisible-by * TP).",
+        f"# planner: model={model_hint} hardware={pf.hardware_ref or pf.hardware.name} chips={pf.chips}",
+        "MEGATRON_ARGS=(",
+    ]
+    return "\n".join(head + ["  " + ln for ln in _lines(args)] + [")"]) + "\n", ad
+
+
+assert all(n in REMAT_POLICIES for n in MEGATRON_POLICIES)

@@ -1,0 +1,646 @@
+"""A user's MaxText config or Megatron-LM arguments -> PlanFile (the inverse of export_maxtext / export_megatron).
+
+The chip, the chip count and the model name come from, in order: the caller (`--hardware`, `--chips`,
+`--model`), what the config itself says (MaxText: compile_topology, the ICI/DCN degrees; Megatron: torchrun's
+--nproc-per-node x --nnodes), and the `# planner: model=... hardware=... chips=...` line the exporters write.
+Keys the planner does not model are ignored; keys whose value it cannot represent give a one-line InputError
+naming the file and the key, or a note when the nearest plan is a fair stand-in.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from costmodel.catalog import load_model
+from costmodel.constraints import check_plan
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import REMAT_POLICIES, Plan, Remat
+from hardware.catalog import load_hardware
+from hardware.chip import Chip
+from hardware.errors import InputError
+from hardware.yamlio import MAX_FILE_BYTES, read_yaml
+from planner.export_maxtext import AXIS_KEYS, MAXTEXT_POLICIES, TOPOLOGY
+from planner.planfile import PlanFile, same_shape
+
+HINT_RE = re.compile(r"^\s*#\s*planner:\s*(.*)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Imported:
+    planfile: PlanFile
+    notes: tuple[str, ...] = ()
+
+
+def _hints(text: str) -> dict[str, str]:
+    m = HINT_RE.search(text)
+    if not m:
+        return {}
+    return dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
+
+
+def _chip(hardware: str | None, hints: dict[str, str], guess: str | None, where: str, example: str) -> tuple[Chip, str]:
+    name = hardware or hints.get("hardware") or guess
+    if not name:
+        raise InputError(f"{where}: the config does not say which chip it runs on; pass --hardware (e.g. {example})")
+    return load_hardware(name), name
+
+
+def _named_model(spec: ModelSpec, model: str | None, hints: dict[str, str]) -> tuple[ModelSpec, str]:
+    """Use the caller's model, or the hinted preset when it has exactly the config's shape."""
+    if model:
+        return load_model(model), model
+    hint = hints.get("model")
+    if hint:
+        try:
+            preset = load_model(hint)
+        except InputError:
+            preset = None
+        if preset is not None and same_shape(preset, spec):
+            return preset, hint
+    return spec, ""
+
+
+def _finish(where: str, model: ModelSpec, model_ref: str, chip: Chip, hw_ref: str, chips: int, job: Job,
+            plan: Plan, notes: list[str]) -> Imported:
+    try:
+        check_plan(model, chip, job, plan, chips)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    return Imported(PlanFile(model, chip, chips, job, plan, model_ref, hw_ref, path=where), tuple(notes))
+
+
+# ---- MaxText ------------------------------------------------------------------------------------------------
+
+# maxtext==0.2.5 base.yml defaults of the keys read here.
+MT_DEFAULTS: dict[str, Any] = {
+    "model_name": "default", "base_emb_dim": 2048, "base_num_query_heads": 16, "base_num_kv_heads": 16,
+    "head_dim": 128, "base_mlp_dim": 7168, "base_num_decoder_layers": 16, "vocab_size": 32000,
+    "mlp_activations": ["silu", "linear"], "logits_via_embedding": False, "num_experts": 1,
+    "num_experts_per_tok": 1, "base_moe_mlp_dim": -1, "first_num_dense_layers": 0, "shared_experts": 0,
+    "capacity_factor": -1.0, "attention_type": "global", "q_lora_rank": 0, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "sliding_window_size": 0,
+    "decoder_block": "llama2", "global_parameter_scale": 1,
+    "max_target_length": 2048, "per_device_batch_size": 12.0, "gradient_accumulation_steps": 1,
+    "num_pipeline_microbatches": -1, "num_layers_per_pipeline_stage": 1, "num_pipeline_repeats": -1,
+    "pipeline_parallel_layers": -1, "num_slices": -1, "dtype": "bfloat16", "quantization": "",
+    "remat_policy": "full", "shard_optimizer_over_data": False, "optimizer_memory_host_offload": False,
+    "parameter_memory_host_offload": False, "hardware": "tpu", "compile_topology": "",
+    "compile_topology_num_slices": -1,
+    "decoder_layer_input": "device", "query_proj": "remat", "key_proj": "remat", "value_proj": "remat",
+    "context": "remat", "out_proj": "remat", "mlpwi": "remat", "mlpwi_0": "remat", "mlpwi_1": "remat",
+    "mlpwo": "remat",
+}
+# MaxText mesh stems folded into our axes; others must be 1.
+MT_AXES = {"data": "dp", "fsdp": "fsdp", "fsdp_transpose": "fsdp", "tensor": "tp", "tensor_sequence": "tp",
+           "tensor_transpose": "tp", "context": "cp", "context_usp_ulysses": "cp", "sequence": "cp",
+           "pipeline": "pp", "expert": "ep"}
+MT_UNSUPPORTED_AXES = ("diloco", "autoregressive", "context_autoregressive")
+# MaxText model_name -> our preset (same shapes).
+MT_MODEL_NAMES = {"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b", "llama3.3-70b": "llama3-70b",
+                  "llama3.1-405b": "llama3-405b", "deepseek3-671b": "deepseek-v3-671b",
+                  "deepseek2-236b": "deepseek-v2-236b"}
+MODEL_SHAPE_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
+                    "base_num_decoder_layers")
+
+
+class _Keys:
+    """Typed access to a MaxText config with base.yml defaults; errors name the file and the key."""
+
+    def __init__(self, data: dict, where: str):
+        self.data, self.where = data, where
+
+    def raw(self, key: str) -> Any:
+        return self.data.get(key, MT_DEFAULTS.get(key))
+
+    def int(self, key: str, default: int | None = None) -> int:
+        v = self.data.get(key, MT_DEFAULTS.get(key, default))
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, str):
+            try:
+                v = int(v.replace("_", ""))
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"{self.where}: key {key!r}: expected an integer, got {v!r}")
+        return v
+
+    def float(self, key: str) -> float:
+        v = self.raw(key)
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise InputError(f"{self.where}: key {key!r}: expected a number, got {v!r}")
+        return float(v)
+
+    def bool(self, key: str) -> bool:
+        v = self.raw(key)
+        if isinstance(v, str) and v.lower() in ("true", "false"):
+            v = v.lower() == "true"
+        if not isinstance(v, bool):
+            raise InputError(f"{self.where}: key {key!r}: expected true or false, got {v!r}")
+        return v
+
+    def str(self, key: str) -> str:
+        v = self.raw(key)
+        if v is None:
+            return ""
+        if not isinstance(v, str):
+            raise InputError(f"{self.where}: key {key!r}: expected a string, got {v!r}")
+        return v
+
+
+def _maxtext_model(k: _Keys, notes: list[str]) -> ModelSpec:
+    name = k.str("model_name")
+    if k.int("global_parameter_scale") != 1:
+        raise InputError(f"{k.where}: key 'global_parameter_scale': only 1 is supported; give the base_* keys")
+    if name != "default" and not any(key in k.data for key in MODEL_SHAPE_KEYS):
+        preset = MT_MODEL_NAMES.get(name, name)
+        try:
+            return load_model(preset)
+        except InputError:
+            raise InputError(f"{k.where}: key 'model_name': MaxText model {name!r} is not a planner preset; "
+                             "pass --model (a preset, model YAML or size) or the base_* shape keys") from None
+    if name == "default" and not any(key in k.data for key in MODEL_SHAPE_KEYS):
+        notes.append("model: no model_name or base_* keys; MaxText's base.yml default model (16 x 2048) is used")
+    acts = k.raw("mlp_activations")
+    if not isinstance(acts, list) or not acts:
+        raise InputError(f"{k.where}: key 'mlp_activations': expected a list such as [\"silu\", \"linear\"], got "
+                         f"{acts!r}")
+    mla = k.str("attention_type") == "mla"
+    experts = k.int("num_experts")
+    spec: dict[str, Any] = dict(
+        name=Path(k.where).stem, n_layers=k.int("base_num_decoder_layers"), d_model=k.int("base_emb_dim"),
+        n_heads=k.int("base_num_query_heads"), n_kv_heads=k.int("base_num_kv_heads"),
+        ffn_dim=k.int("base_mlp_dim"), vocab_size=k.int("vocab_size"), gated_mlp=len(acts) > 1,
+        tied_embeddings=k.bool("logits_via_embedding"), source=f"imported from MaxText config {k.where}")
+    if mla:
+        rope = k.int("qk_rope_head_dim")
+        spec.update(head_dim=k.int("qk_nope_head_dim") + rope, q_lora_rank=k.int("q_lora_rank"),
+                    kv_lora_rank=k.int("kv_lora_rank"), qk_rope_head_dim=rope, v_head_dim=k.int("v_head_dim"))
+    else:
+        spec["head_dim"] = k.int("head_dim")
+    if experts > 1:
+        moe_dim = k.int("base_moe_mlp_dim")
+        cf = k.float("capacity_factor")
+        spec.update(n_experts=experts, experts_per_token=k.int("num_experts_per_tok"),
+                    moe_ffn_dim=moe_dim if moe_dim > 0 else spec["ffn_dim"],
+                    n_dense_layers=k.int("first_num_dense_layers"), n_shared_experts=k.int("shared_experts"),
+                    capacity_factor=cf if cf > 0 else 0.0)
+    window = k.int("sliding_window_size")
+    if window > 0:
+        if k.str("decoder_block") == "gemma3":
+            spec.update(sliding_window=window, local_per_global=5)
+        elif k.str("attention_type") == "local_sliding":
+            spec.update(sliding_window=window)
+    try:
+        return ModelSpec(**spec)
+    except InputError as e:
+        raise InputError(f"{k.where}: {e}") from None
+
+
+def _fill(vals: dict[str, int], total: int | None, where: str, level: str) -> dict[str, int]:
+    """MaxText's fill_unspecified_mesh_axes: at most one -1, which takes total / product(others)."""
+    unset = [a for a, v in vals.items() if v == -1]
+    if len(unset) > 1:
+        raise InputError(f"{where}: at most one {level} axis may be -1 (auto), got {', '.join(unset)}")
+    if unset:
+        if total is None:
+            raise InputError(f"{where}: {level.lower()}_{unset[0]}_parallelism is -1 (auto); pass --chips so the "
+                             "planner can fill it in")
+        rest = math.prod(v for v in vals.values() if v != -1)
+        if total % rest:
+            raise InputError(f"{where}: {level} degrees {rest} do not divide {total}")
+        vals = {**vals, unset[0]: total // rest}
+    for a, v in vals.items():
+        if v < 1:
+            raise InputError(f"{where}: key {level.lower()}_{a}_parallelism: expected a positive integer or -1, "
+                             f"got {v}")
+    if total is not None and math.prod(vals.values()) != total:
+        raise InputError(f"{where}: the product of the {level} degrees is {math.prod(vals.values())}, expected "
+                         f"{total} ({'devices per slice' if level == 'ICI' else 'slices'})")
+    return vals
+
+
+def _topology(k: _Keys) -> tuple[str | None, int | None, int | None]:
+    """(hardware preset, chips per slice, slices) from compile_topology, when it names a known TPU."""
+    topo = k.str("compile_topology")
+    m = re.fullmatch(r"(v4|v5p|v5e|v6e)-(\d+)", topo)
+    if not m:
+        return None, None, None
+    preset = next(p for p, (prefix, _) in TOPOLOGY.items() if prefix == m.group(1))
+    cores = TOPOLOGY[preset][1]
+    slices = k.int("compile_topology_num_slices")
+    return preset, int(m.group(2)) // cores, slices if slices > 0 else 1
+
+
+def _maxtext_remat(k: _Keys, gated: bool, notes: list[str]) -> Remat:
+    name = k.str("remat_policy") or "full"
+    if name in ("none", "minimal_flash"):
+        name = {"none": "full", "minimal_flash": "minimal_with_context"}[name]  # MaxText's aliases
+    if name in MAXTEXT_POLICIES:
+        return REMAT_POLICIES[name]
+    if name != "custom":
+        raise InputError(f"{k.where}: key 'remat_policy': {name!r} is not a MaxText 0.2.5 policy the planner "
+                         f"models; expected one of: {', '.join((*MAXTEXT_POLICIES, 'custom'))}")
+    choices = ("remat", "device", "offload")
+
+    def get(key: str) -> str:
+        v = k.str(key)
+        if v not in choices:
+            raise InputError(f"{k.where}: key {key!r}: expected one of remat, device, offload, got {v!r}")
+        return v
+
+    qkv = [get(t) for t in ("query_proj", "key_proj", "value_proj")]
+    mlp = [get(t) for t in (("mlpwi_0", "mlpwi_1") if gated else ("mlpwi",))]
+    for group, vals in (("query/key/value_proj", qkv), ("mlpwi_0/mlpwi_1", mlp)):
+        if len(set(vals)) > 1:
+            notes.append(f"remat: {group} differ ({', '.join(vals)}); the planner decides them together and uses "
+                         f"{vals[0]!r}")
+    return Remat(layer_input=get("decoder_layer_input"), qkv_proj=qkv[0], context=get("context"),
+                 out_proj=get("out_proj"), mlp_in=mlp[0], mlp_out=get("mlpwo"), name="custom")
+
+
+def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | None = None,
+                   model: str | None = None) -> Imported:
+    """A MaxText config YAML (keys of maxtext 0.2.5 base.yml; unlisted keys take base.yml's defaults)."""
+    p = Path(path)
+    where = str(p)
+    data = read_yaml(p)
+    text = p.read_text()
+    hints = _hints(text)
+    k = _Keys(data, where)
+    notes: list[str] = []
+    for stem in MT_UNSUPPORTED_AXES:
+        for level in ("ici", "dcn"):
+            key = f"{level}_{stem}_parallelism"
+            if k.int(key, 1) != 1:
+                raise InputError(f"{where}: key {key!r}: the {stem} axis is not modelled by the planner; expected 1")
+    topo_hw, topo_per_slice, topo_slices = _topology(k)
+    chip, hw_ref = _chip(hardware, hints, topo_hw, where, "tpu-v5p or h100-sxm")
+    spec = _maxtext_model(k, notes)
+    m, model_ref = _named_model(spec, model, hints)
+
+    ici_raw = {stem: k.int(f"ici_{stem}_parallelism", 1) for stem in MT_AXES}
+    dcn_raw = {stem: k.int(f"dcn_{stem}_parallelism", 1) for stem in MT_AXES}
+    slices = k.int("num_slices")
+    if slices == -1:
+        slices = topo_slices or 1
+        if slices == 1 and any(v not in (1, -1) for v in dcn_raw.values()):
+            slices = math.prod(v for v in dcn_raw.values() if v != -1)
+    total = chips or (topo_per_slice * slices if topo_per_slice else None)
+    if total is None and -1 not in ici_raw.values():
+        total = math.prod(ici_raw.values()) * slices
+    if total is None and "chips" in hints:
+        total = int(hints["chips"])
+    if total is not None and total % slices:
+        raise InputError(f"{where}: {total} chips do not split into num_slices={slices}")
+    ici = _fill(ici_raw, total // slices if total else None, where, "ICI")
+    dcn = _fill(dcn_raw, slices, where, "DCN") if slices > 1 else {s: 1 if v == -1 else v for s, v in dcn_raw.items()}
+    if slices == 1 and any(v != 1 for v in dcn.values()):
+        raise InputError(f"{where}: DCN degrees > 1 need num_slices > 1")
+    total = math.prod(ici.values()) * slices
+    deg = dict.fromkeys(("dp", "fsdp", "tp", "cp", "pp", "ep"), 1)
+    for stem, ax in MT_AXES.items():
+        deg[ax] *= ici[stem] * dcn[stem]
+    for stem, ax in (("fsdp_transpose", "fsdp"), ("tensor_sequence", "tp"), ("tensor_transpose", "tp"),
+                     ("context_usp_ulysses", "cp"), ("sequence", "cp")):
+        if ici[stem] * dcn[stem] > 1:
+            notes.append(f"mesh: {stem} ({ici[stem] * dcn[stem]}) is modelled as {ax}")
+
+    gpb = k.float("per_device_batch_size")
+    ga = k.int("gradient_accumulation_steps")
+    per_step = int(total * gpb)
+    if per_step < 1:
+        raise InputError(f"{where}: key 'per_device_batch_size': {gpb} x {total} devices is less than one sequence")
+    global_batch = per_step * ga
+    shards = deg["dp"] * deg["fsdp"] * deg["ep"]
+    pp = deg["pp"]
+    vpp = 1
+    if pp > 1:
+        nmb = k.int("num_pipeline_microbatches")
+        nmb = pp if nmb == -1 else nmb
+        if ga > 1:
+            notes.append(f"pipeline: MaxText drains the pipeline on each of the {ga} accumulation steps; the "
+                         f"planner models one flush of {ga * nmb} micro-batches")
+        accum = ga * nmb
+        ppl = k.int("pipeline_parallel_layers")
+        if ppl not in (-1, m.n_layers):
+            notes.append(f"pipeline: pipeline_parallel_layers={ppl} pipelines only part of the model; the planner "
+                         f"pipelines all {m.n_layers} layers")
+        repeats = k.int("num_pipeline_repeats")
+        lps = k.int("num_layers_per_pipeline_stage")
+        if repeats == -1:
+            if m.n_layers % (pp * lps):
+                raise InputError(f"{where}: key 'num_layers_per_pipeline_stage': {lps} x {pp} stages does not "
+                                 f"divide {m.n_layers} layers")
+            repeats = m.n_layers // (pp * lps)
+        vpp = repeats
+    else:
+        accum = ga
+    per_micro = shards * (accum // ga)  # one accumulation step splits over the batch shards (x pipeline micro-batches)
+    if per_step % per_micro:
+        raise InputError(f"{where}: the batch per step ({per_step} = per_device_batch_size x {total} devices) is "
+                         f"not divisible by the batch shards dp*fsdp*ep = {shards}"
+                         + (f" x {accum // ga} pipeline micro-batches" if pp > 1 else ""))
+    micro_batch = global_batch // (shards * accum)
+    if micro_batch < 1:
+        raise InputError(f"{where}: fewer sequences per step ({global_batch}) than batch shards x micro-batches "
+                         f"({shards} x {accum})")
+
+    precision = "bf16"
+    quant = k.str("quantization")
+    if k.str("dtype") == "float16":
+        precision = "fp16"
+    if quant == "int8":
+        precision = "int8"
+    elif quant.startswith("fp8") or quant in ("nanoo_fp8", "te_fp8_delayedscaling", "te_fp8_currentscaling"):
+        precision = "fp8"
+    elif quant:
+        notes.append(f"precision: quantization {quant!r} is modelled as bf16")
+    job = Job(seq_len=k.int("max_target_length"), global_batch=global_batch, precision=precision,
+              framework="maxtext")
+    plan = Plan(**deg, vpp=vpp, micro_batch=micro_batch, zero=1 if k.bool("shard_optimizer_over_data") else 0,
+                sequence_parallel=True, remat=_maxtext_remat(k, m.gated_mlp, notes),
+                offload_optimizer=k.bool("optimizer_memory_host_offload"),
+                offload_params=k.bool("parameter_memory_host_offload"),
+                slices=slices if chip.scale_up.kind == "torus" else 1)
+    if chip.scale_up.kind == "torus":
+        _check_dcn_matches(plan, dcn, where, notes)
+    return _finish(where, m, model_ref, chip, hw_ref, total, job, plan, notes)
+
+
+def _check_dcn_matches(plan: Plan, dcn: dict[str, int], where: str, notes: list[str]) -> None:
+    from costmodel.estimate import dcn_split
+
+    try:
+        model = dcn_split(plan)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    got = {ax: 1 for ax in ("dp", "pp", "fsdp", "tp", "cp", "ep")}
+    for stem, ax in MT_AXES.items():
+        got[ax] *= dcn[stem]
+    want = {ax: model.get(ax, 1) for ax in got}
+    if got != want:
+        show = ", ".join(f"{AXIS_KEYS[a]} {v}" for a, v in got.items() if v > 1)
+        notes.append(f"mesh: the config spans slices with {show}; the planner lays DCN out as data, then pipeline, "
+                     "then fsdp")
+
+
+# ---- Megatron-LM -------------------------------------------------------------------------------------------
+
+MEG_VALUE_FLAGS = {
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+    "--num-query-groups", "--seq-length", "--max-position-embeddings", "--micro-batch-size", "--global-batch-size",
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--fp8-format", "--vocab-size",
+    "--optimizer-offload-fraction", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+    "--v-head-dim", "--data-parallel-sharding-strategy", "--expert-tensor-parallel-size", "--nproc-per-node",
+    "--nproc_per_node", "--nnodes", "--window-size",
+}
+MEG_BOOL_FLAGS = {
+    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--sequence-parallel",
+    "--use-distributed-optimizer", "--bf16", "--fp16", "--optimizer-cpu-offload", "--recompute-activations",
+    "--multi-latent-attention", "--use-megatron-fsdp", "--use-torch-fsdp2",
+}
+
+
+def _meg_tokens(text: str, where: str) -> dict[str, str | bool]:
+    try:
+        tokens = shlex.split(text, comments=True)
+    except ValueError as e:
+        raise InputError(f"{where}: cannot split into arguments ({e})") from None
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            flag, eq, val = tok.partition("=")
+            if flag in MEG_BOOL_FLAGS:
+                out[flag] = True
+            elif eq:
+                out[flag] = val
+            elif flag in MEG_VALUE_FLAGS or (i + 1 < len(tokens) and not tokens[i + 1].startswith("-")):
+                if i + 1 >= len(tokens):
+                    raise InputError(f"{where}: argument {flag} needs a value")
+                out[flag] = tokens[i + 1]
+                i += 1
+            else:
+                out[flag] = True
+        i += 1
+    return out
+
+
+class _Args:
+    def __init__(self, flags: dict[str, str | bool], where: str):
+        self.flags, self.where = flags, where
+
+    def has(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def int(self, flag: str, default: int | None = None) -> int:
+        v = self.flags.get(flag)
+        if v is None:
+            if default is None:
+                raise InputError(f"{self.where}: missing argument {flag} (an integer)")
+            return default
+        try:
+            return int(str(v))
+        except ValueError:
+            hint = " (shell variables are not expanded)" if "$" in str(v) else ""
+            raise InputError(f"{self.where}: argument {flag}: expected an integer, got {v!r}{hint}") from None
+
+    def float(self, flag: str, default: float) -> float:
+        v = self.flags.get(flag)
+        if v is None:
+            return default
+        try:
+            return float(str(v))
+        except ValueError:
+            raise InputError(f"{self.where}: argument {flag}: expected a number, got {v!r}") from None
+
+    def str(self, flag: str, default: str = "") -> str:
+        v = self.flags.get(flag, default)
+        return v if isinstance(v, str) else default
+
+
+def _layer_pattern(text: str, n_layers: int, where: str) -> list[int]:
+    """--moe-layer-freq: an integer N (one MoE layer every N) or a list expression such as ([0]*3+[1]*58)."""
+    if text.strip().isdigit():
+        n = int(text)
+        return [1 if i % n == 0 else 0 for i in range(n_layers)]
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.List):
+            return [ev(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            a, b = ev(node.left), ev(node.right)
+            return a + b if isinstance(node.op, ast.Add) else a * b
+        raise ValueError
+
+    try:
+        out = ev(ast.parse(text.strip(), mode="eval").body)
+        if not isinstance(out, list) or len(out) != n_layers or any(v not in (0, 1) for v in out):
+            raise ValueError
+        return out
+    except (ValueError, SyntaxError, TypeError, MemoryError):
+        raise InputError(f"{where}: argument --moe-layer-freq: expected an integer or a list expression of "
+                         f"{n_layers} zeros and ones such as ([0]*3+[1]*{n_layers - 3}), got {text!r}") from None
+
+
+def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
+    h = a.int("--hidden-size")
+    heads = a.int("--num-attention-heads")
+    layers = a.int("--num-layers")
+    swiglu = a.has("--swiglu")
+    ffn_default = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h  # Megatron's defaults
+    if not a.has("--vocab-size"):
+        raise InputError(f"{a.where}: missing argument --vocab-size (Megatron takes it from the tokenizer; add "
+                         "--vocab-size N or pass --model)")
+    spec: dict[str, Any] = dict(
+        name=Path(a.where).stem, n_layers=layers, d_model=h, n_heads=heads, ffn_dim=a.int("--ffn-hidden-size",
+                                                                                          ffn_default),
+        vocab_size=a.int("--vocab-size"), gated_mlp=swiglu,
+        tied_embeddings=not a.has("--untie-embeddings-and-output-weights"),
+        source=f"imported from Megatron-LM arguments {a.where}")
+    if a.has("--multi-latent-attention"):
+        rope = a.int("--qk-pos-emb-head-dim", 64)
+        spec.update(head_dim=a.int("--qk-head-dim", 128) + rope, q_lora_rank=a.int("--q-lora-rank", 0),
+                    kv_lora_rank=a.int("--kv-lora-rank", 32), qk_rope_head_dim=rope, v_head_dim=a.int("--v-head-dim",
+                                                                                                        128))
+    else:
+        spec["head_dim"] = a.int("--kv-channels", h // heads if h % heads == 0 else 0)
+        spec["n_kv_heads"] = a.int("--num-query-groups", 1) if a.has("--group-query-attention") else heads
+    experts = a.int("--num-experts", 0)
+    if experts:
+        pattern = _layer_pattern(a.str("--moe-layer-freq", "1"), layers, a.where)
+        dense = next((i for i, v in enumerate(pattern) if v), layers)
+        if any(v == 0 for v in pattern[dense:]):
+            notes.append(f"model: --moe-layer-freq interleaves dense and MoE layers; the planner models its "
+                         f"{pattern.count(0)} dense layers as leading ones")
+            dense = pattern.count(0)
+        moe_dim = a.int("--moe-ffn-hidden-size", spec["ffn_dim"])
+        shared = a.int("--moe-shared-expert-intermediate-size", 0)
+        if shared % moe_dim:
+            notes.append(f"model: shared-expert size {shared} is not a multiple of the expert size {moe_dim}; "
+                         f"rounded to {round(shared / moe_dim)} shared experts")
+        spec.update(n_experts=experts, experts_per_token=a.int("--moe-router-topk", 2), moe_ffn_dim=moe_dim,
+                    n_dense_layers=dense, n_shared_experts=round(shared / moe_dim),
+                    capacity_factor=max(0.0, a.float("--moe-expert-capacity-factor", 0.0)))
+    try:
+        return ModelSpec(**spec)
+    except InputError as e:
+        raise InputError(f"{a.where}: {e}") from None
+
+
+def import_megatron(path: str | Path, hardware: str | None = None, chips: int | None = None,
+                    model: str | None = None) -> Imported:
+    """Megatron-LM pretrain_gpt.py arguments: an args file, a bash array or a copied command line."""
+    p = Path(path)
+    where = str(p)
+    if not p.is_file():
+        raise InputError(f"{where}: file not found")
+    if p.stat().st_size > MAX_FILE_BYTES:
+        raise InputError(f"{where}: file is larger than {MAX_FILE_BYTES} bytes")
+    text = p.read_text()
+    hints = _hints(text)
+    a = _Args(_meg_tokens(text, where), where)
+    notes: list[str] = []
+    chip, hw_ref = _chip(hardware, hints, None, where, "h100-sxm")
+    if model:
+        m, model_ref = load_model(model), model
+    else:
+        m, model_ref = _named_model(_megatron_model(a, notes), None, hints)
+    world = chips
+    if world is None and a.has("--nnodes") and (a.has("--nproc-per-node") or a.has("--nproc_per_node")):
+        per = a.int("--nproc-per-node") if a.has("--nproc-per-node") else a.int("--nproc_per_node")
+        world = per * a.int("--nnodes")
+    if world is None and "chips" in hints:
+        world = int(hints["chips"])
+    if world is None:
+        raise InputError(f"{where}: Megatron-LM arguments do not give the world size; pass --chips")
+    tp = a.int("--tensor-model-parallel-size", 1)
+    pp = a.int("--pipeline-model-parallel-size", 1)
+    cp = a.int("--context-parallel-size", 1)
+    ep = a.int("--expert-model-parallel-size", 1)
+    if world % (tp * pp * cp):
+        raise InputError(f"{where}: world size {world} is not divisible by TP*PP*CP = {tp}*{pp}*{cp}")
+    dp_meg = world // (tp * pp * cp)
+    if dp_meg % ep:
+        raise InputError(f"{where}: --expert-model-parallel-size {ep} must divide the data-parallel size "
+                         f"{dp_meg} (the planner carves experts out of the data-parallel ranks only)")
+    if a.has("--expert-tensor-parallel-size") and a.int("--expert-tensor-parallel-size") != tp:
+        notes.append("mesh: --expert-tensor-parallel-size differs from TP; the planner shards experts over TP")
+    vpp = 1
+    if a.has("--num-layers-per-virtual-pipeline-stage"):
+        per_chunk = a.int("--num-layers-per-virtual-pipeline-stage")
+        if m.n_layers % (pp * per_chunk):
+            raise InputError(f"{where}: --num-layers-per-virtual-pipeline-stage {per_chunk} x PP {pp} does not "
+                             f"divide {m.n_layers} layers")
+        vpp = m.n_layers // (pp * per_chunk)
+    elif a.has("--num-virtual-stages-per-pipeline-rank"):
+        vpp = a.int("--num-virtual-stages-per-pipeline-rank")
+    mbs = a.int("--micro-batch-size")
+    gbs = a.int("--global-batch-size", mbs * dp_meg)
+    if gbs % (mbs * dp_meg):
+        raise InputError(f"{where}: --global-batch-size {gbs} is not divisible by --micro-batch-size x data-parallel "
+                         f"size = {mbs} x {dp_meg}")
+    zero = 1 if a.has("--use-distributed-optimizer") else 0
+    if a.has("--use-megatron-fsdp"):
+        zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
+            a.str("--data-parallel-sharding-strategy", "optim_grads_params"), 3)
+    if a.has("--use-torch-fsdp2"):
+        zero = 3
+    gran = a.str("--recompute-granularity") or ("selective" if a.has("--recompute-activations") else "")
+    if gran == "selective":
+        remat = REMAT_POLICIES["selective"]
+    elif gran == "full":
+        remat = REMAT_POLICIES["full"]
+        method, n = a.str("--recompute-method", "uniform"), a.int("--recompute-num-layers", 1)
+        per_stage = m.n_layers // (pp * vpp)
+        if (method == "uniform" and n != 1) or (method == "block" and n < per_stage):
+            notes.append(f"remat: --recompute-method {method} --recompute-num-layers {n} is modelled as full "
+                         "recompute of every layer")
+    elif gran in ("", "none"):
+        remat = REMAT_POLICIES["none"]
+    else:
+        raise InputError(f"{where}: argument --recompute-granularity: expected full or selective, got {gran!r}")
+    offload = a.has("--optimizer-cpu-offload")
+    if offload and a.float("--optimizer-offload-fraction", 1.0) < 1.0:
+        notes.append("offload: --optimizer-offload-fraction < 1 is modelled as offloading all optimizer state")
+    precision = "fp16" if a.has("--fp16") else "bf16"
+    if a.has("--fp8-format"):
+        precision = "fp8"
+    if not (a.has("--bf16") or a.has("--fp16")):
+        notes.append("precision: neither --bf16 nor --fp16 (Megatron would train in fp32); modelled as bf16")
+    if a.has("--window-size"):
+        notes.append("model: --window-size (sliding-window attention) is not read; the model attends globally")
+    job = Job(seq_len=a.int("--seq-length"), global_batch=gbs, precision=precision, framework="megatron")
+    plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=zero,
+                sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload)
+    return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
+
+
+def import_config(kind: str, path: str, hardware: str | None = None, chips: int | None = None,
+                  model: str | None = None) -> Imported:
+    fn = {"maxtext": import_maxtext, "megatron": import_megatron}[kind]
+    return fn(path, hardware=hardware, chips=chips, model=model)
+
+
+def with_model_name(pf: PlanFile, name: str) -> PlanFile:
+    return replace(pf, model=replace(pf.model, name=name))

@@ -1,0 +1,417 @@
+"""The inner problem: for one mesh, choose each tensor's fate (device / remat / offload) and whether the optimizer
+state and the master parameters live on the host, minimising step time subject to HBM and host memory.
+
+How (identical layers share one decision, so there are only 6 tensors + 2 switches):
+
+1. Probe the cost model (costmodel.estimate) at 15 plans: nothing recomputed ('none'), each recomputable tensor
+   alone set to remat, each tensor alone offloaded, optimizer offload, parameter offload, and 'full'.
+2. Read the coefficients of a surrogate off those probes. The surrogate has the cost model's structure:
+     time = L0 + sum_t lam_t*R_t + eps*A + k_o*o + k_p*p                      (linear part)
+            + max(0, g0 - overlap * sum_t rho_t*R_t)                         (fsdp gradient reduce-scatter
+                                                                              hidden behind backward + recompute)
+            + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
+                                                                              each layer's forward / backward)
+     HBM   = R0 + w_o*o + w_p*p + act(KS),  KS = B + sum_t sigma_t*D_t + xi*NR - zeta*NR*D_mlp_out
+             act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage)
+     host  = sum_t eta_t*O_t + h_o*o + h_p*p
+   R/D/O_t: tensor t recomputed / kept / offloaded; A: any tensor whose remat reruns an op (memory-bound ops
+   then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too).
+   The only numbers not read off probes are structural: `overlap` (chip.eff.overlap), the per-layer forward
+   and backward times that hide offload traffic (costmodel.estimate.stage_times), and the pipeline's in-flight
+   micro-batch count. The surrogate is checked against all probes; if it misses any by more than 1e-9
+   (relative), the mesh falls back to brute force over every combination.
+3. CP-SAT (planner/cpsat.py) minimises the surrogate exactly: the max() terms become auxiliary variables
+   (convex, minimised), A/NR/NR*D become exact boolean links, memory is two linear constraints. Times are
+   integers in nanoseconds, memory in bytes.
+4. The chosen plan is re-costed with estimate(); a plan that does not verify is excluded with a no-good cut
+   and CP-SAT is asked again (at most MAX_RESOLVES times); the best verified plan is kept.
+
+Ties on step time go to fewer offloads, then fewer tensors kept on device (cheaper memory for equal time).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from costmodel.cost import Cost
+from costmodel.estimate import estimate, stage_times
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import CHOICES, TENSORS, Remat
+from hardware.chip import Chip
+from planner.candidates import Constraints, Mesh
+from planner.cpsat import Program
+
+RECOMPUTABLE = TENSORS[1:]  # layer_input is the layer boundary: kept or offloaded, never recomputed
+TENSOR_CHOICES = {t: (("device", "offload") if t == "layer_input" else CHOICES) for t in TENSORS}
+NS = 1e9  # seconds -> integer nanoseconds in the program
+TIE_WEIGHT = 32  # objective = TIE_WEIGHT * time_ns + tie-break penalty (< TIE_WEIGHT)
+MAX_RESOLVES = 6
+REL_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One assignment of the inner problem."""
+
+    remat: Remat
+    offload_optimizer: bool
+    offload_params: bool
+
+    def key(self) -> tuple:
+        order = {c: i for i, c in enumerate(CHOICES)}
+        return tuple(order[c] for c in self.remat.choices().values()) + (self.offload_optimizer, self.offload_params)
+
+
+def make_remat(choices: dict[str, str]) -> Remat:
+    """A Remat for these choices, named after the matching policy when there is one (e.g. 'full', 'none')."""
+    from costmodel.plan import REMAT_POLICIES
+
+    for name, pol in REMAT_POLICIES.items():
+        if pol.choices() == choices:
+            return pol if name in ("none", "full", "selective") or pol.count("offload") else Remat(**choices,
+                                                                                                 name=name)
+    return Remat(**choices, name="custom")
+
+
+def allowed_choices(cons: Constraints) -> dict[str, tuple[str, ...]]:
+    if cons.remat is not None:
+        return {t: (cons.remat.choices()[t],) for t in TENSORS}
+    return dict(TENSOR_CHOICES)
+
+
+def switch_values(fixed: bool | None) -> tuple[bool, ...]:
+    return (False, True) if fixed is None else (fixed,)
+
+
+def all_choices(cons: Constraints) -> list[Choice]:
+    """Every assignment the constraints allow (2 * 3^5 * 4 = 1944 when nothing is pinned)."""
+    allowed = allowed_choices(cons)
+    out = []
+    for combo in itertools.product(*(allowed[t] for t in TENSORS)):
+        r = make_remat(dict(zip(TENSORS, combo, strict=True)))
+        for o in switch_values(cons.offload_optimizer):
+            for p in switch_values(cons.offload_params):
+                out.append(Choice(r, o, p))
+    return out
+
+
+def min_memory_choice(cons: Constraints) -> Choice:
+    """The assignment with the least HBM: layer input offloaded, the rest recomputed, optimizer and params on host."""
+    allowed = allowed_choices(cons)
+    pick = {t: ("offload" if "offload" in allowed[t] and t == "layer_input" else
+                "remat" if "remat" in allowed[t] else allowed[t][-1]) for t in TENSORS}
+    o = True if cons.offload_optimizer is None else cons.offload_optimizer
+    p = True if cons.offload_params is None else cons.offload_params
+    return Choice(make_remat(pick), o, p)
+
+
+def exposed(cost: Cost, axis: str, purpose: str) -> float:
+    return sum(c.exposed_s for c in cost.collectives if c.axis == axis and c.purpose == purpose)
+
+
+def _collective(cost: Cost, axis: str, purpose: str):
+    return next((c for c in cost.collectives if c.axis == axis and c.purpose == purpose), None)
+
+
+def _act(cost: Cost) -> float:
+    return cost.memory.get("activations", 0.0) + cost.memory.get("logits", 0.0)
+
+
+def _close(a: float, b: float, scale: float) -> bool:
+    return abs(a - b) <= REL_TOL * max(abs(a), abs(b), scale) + 1e-12
+
+
+@dataclass
+class Surrogate:
+    """The cost model restricted to one mesh, as a function of the remat/offload choices (module docstring)."""
+
+    mesh: Mesh
+    usable_hbm: float
+    host_cap: float
+    # time, seconds
+    L0: float = 0.0
+    lam: dict[str, float] = field(default_factory=dict)
+    eps: float = 0.0
+    trig: tuple[str, ...] = ()
+    k_o: float = 0.0
+    k_p: float = 0.0
+    g0: float = 0.0
+    nu: float = 0.0
+    rho: dict[str, float] = field(default_factory=dict)
+    n_tau: dict[str, float] = field(default_factory=dict)
+    n_c: tuple[float, float] = (0.0, 0.0)
+    # memory, bytes
+    R0: float = 0.0
+    w_o: float = 0.0
+    w_p: float = 0.0
+    B: float = 0.0
+    sigma: dict[str, float] = field(default_factory=dict)
+    xi: float = 0.0
+    zeta: float = 0.0
+    logits: float = 0.0
+    inflight: float = 1.0
+    eta: dict[str, float] = field(default_factory=dict)
+    h_o: float = 0.0
+    h_p: float = 0.0
+    exact: bool = True
+    mismatch: str = ""
+
+    # ---- evaluation (floats) ------------------------------------------------------------------------------
+
+    def time(self, ch: Choice) -> float:
+        c = ch.remat.choices()
+        R = {t: c[t] == "remat" for t in TENSORS}
+        O = {t: c[t] == "offload" for t in TENSORS}
+        lin = self.L0 + sum(self.lam.get(t, 0.0) for t in TENSORS if R[t]) + self.k_o * ch.offload_optimizer \
+            + self.k_p * ch.offload_params + (self.eps if any(R[t] for t in self.trig) else 0.0)
+        rec = sum(self.rho.get(t, 0.0) for t in TENSORS if R[t])
+        off = sum(self.n_tau.get(t, 0.0) for t in TENSORS if O[t])
+        return lin + max(0.0, self.g0 - self.nu * rec) + sum(max(0.0, off - nc) for nc in self.n_c)
+
+    def ks(self, ch: Choice) -> float:
+        c = ch.remat.choices()
+        nr = not any(c[t] == "remat" for t in TENSORS)
+        return self.B + sum(self.sigma[t] for t in TENSORS if c[t] == "device") + self.xi * nr \
+            - self.zeta * (nr and c["mlp_out"] == "device")
+
+    def hbm(self, ch: Choice) -> float:
+        rest = self.R0 + self.w_o * ch.offload_optimizer + self.w_p * ch.offload_params
+        ks = self.ks(ch)
+        if self.mesh.pp == 1:
+            return rest + ks + self.logits
+        return rest + max(self.inflight * ks, ks + self.logits)
+
+    def host(self, ch: Choice) -> float:
+        c = ch.remat.choices()
+        return sum(self.eta[t] for t in TENSORS if c[t] == "offload") + self.h_o * ch.offload_optimizer \
+            + self.h_p * ch.offload_params
+
+    def check(self, ch: Choice, cost: Cost) -> None:
+        """Compare with a probe; on a miss, mark the surrogate inexact (the mesh is then brute-forced)."""
+        for what, mine, theirs, scale in (("time", self.time(ch), cost.step_time_s, cost.step_time_s),
+                                          ("hbm", self.hbm(ch), cost.peak_memory_bytes, cost.peak_memory_bytes),
+                                          ("host", self.host(ch), cost.host_memory_bytes, cost.peak_memory_bytes)):
+            if not _close(mine, theirs, scale):
+                self.exact = False
+                self.mismatch = self.mismatch or f"{what} {mine!r} vs {theirs!r} at {ch.remat.summary()}"
+
+    # ---- the CP-SAT program ---------------------------------------------------------------------------------
+
+    def program(self, cons: Constraints) -> tuple[Program, dict[tuple[str, str], int], int, int]:
+        """(program, var[(tensor, choice)], var offload_optimizer, var offload_params)."""
+        P = Program()
+        allowed = allowed_choices(cons)
+        x: dict[tuple[str, str], int] = {}
+        for t in TENSORS:
+            for c in TENSOR_CHOICES[t]:
+                x[t, c] = P.bool()
+                if c not in allowed[t]:
+                    P.fix(x[t, c], 0)
+            P.add([(x[t, c], 1) for c in TENSOR_CHOICES[t]], 1, 1)
+        o, p = P.bool(), P.bool()
+        if cons.offload_optimizer is not None:
+            P.fix(o, int(cons.offload_optimizer))
+        if cons.offload_params is not None:
+            P.fix(p, int(cons.offload_params))
+        R = {t: x[t, "remat"] for t in RECOMPUTABLE}
+        D = {t: x[t, "device"] for t in TENSORS}
+        O = {t: x[t, "offload"] for t in TENSORS}
+
+        def ns(v: float) -> int:
+            return round(v * NS)
+
+        obj: list[tuple[int, int]] = [(R[t], ns(self.lam.get(t, 0.0))) for t in RECOMPUTABLE]
+        obj += [(o, ns(self.k_o)), (p, ns(self.k_p))]
+        if self.eps and self.trig:  # A = OR of the trigger tensors' remat (exact in both directions)
+            a = P.bool()
+            for t in self.trig:
+                P.add([(a, 1), (R[t], -1)], lb=0)
+            P.add([(a, 1)] + [(R[t], -1) for t in self.trig], ub=0)
+            obj.append((a, ns(self.eps)))
+        if self.g0 > 0:  # g >= g0 - nu * recompute
+            g = P.int(0, ns(self.g0))
+            P.add([(g, 1)] + [(R[t], ns(self.nu * self.rho.get(t, 0.0))) for t in RECOMPUTABLE], lb=ns(self.g0))
+            obj.append((g, 1))
+        if any(self.n_tau.values()):
+            top = ns(sum(self.n_tau.values()))
+            for nc in self.n_c:
+                h = P.int(0, top)
+                P.add([(h, 1)] + [(O[t], -ns(self.n_tau.get(t, 0.0))) for t in TENSORS], lb=-ns(nc))
+                obj.append((h, 1))
+        # NR = no tensor recomputed; NRD = NR and mlp_out kept on device.
+        nr, nrd = P.bool(), P.bool()
+        for t in RECOMPUTABLE:
+            P.add([(nr, 1), (R[t], 1)], ub=1)
+        P.add([(nr, 1)] + [(R[t], 1) for t in RECOMPUTABLE], lb=1)
+        P.add([(nrd, 1), (nr, -1)], ub=0)
+        P.add([(nrd, 1), (D["mlp_out"], -1)], ub=0)
+        P.add([(nrd, 1), (nr, -1), (D["mlp_out"], -1)], lb=-1)
+        ks = [(D[t], round(self.sigma[t])) for t in TENSORS] + [(nr, round(self.xi)), (nrd, -round(self.zeta))]
+        rest = [(o, round(self.w_o)), (p, round(self.w_p))]
+        cap = math.floor(self.usable_hbm - self.R0 - self.B)
+        if self.mesh.pp == 1:
+            P.add(rest + ks, ub=math.floor(cap - self.logits))
+        else:
+            P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
+                  ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B))
+            P.add(rest + ks, ub=math.floor(cap - self.logits))
+        P.add([(O[t], round(self.eta[t])) for t in TENSORS] + [(o, round(self.h_o)), (p, round(self.h_p))],
+              ub=math.floor(self.host_cap))
+        penalty = [(O[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
+        P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty, offset=TIE_WEIGHT * ns(self.L0))
+        return P, x, o, p
+
+
+# ---- probing ----------------------------------------------------------------------------------------------
+
+def _choice(base: dict[str, str], o: bool = False, p: bool = False, **changes: str) -> Choice:
+    return Choice(make_remat({**base, **changes}), o, p)
+
+
+NONE = dict.fromkeys(TENSORS, "device")
+
+
+def evaluate(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch: Choice) -> Cost:
+    return estimate(m, chip, job, mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params))
+
+
+def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = None) -> Surrogate:
+    """Build and check the surrogate for one mesh from 15 estimate() calls (14 when `base` is the 'none' probe)."""
+    ev = {}
+
+    def run(ch: Choice) -> Cost:
+        ev[ch] = evaluate(m, chip, job, mesh, ch)
+        return ev[ch]
+
+    c0 = base if base is not None else run(_choice(NONE))
+    ev.setdefault(_choice(NONE), c0)
+    s = Surrogate(mesh, chip.usable_hbm_bytes, chip.host_mem_bytes)
+
+    def lin(c: Cost) -> float:
+        return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations")
+
+    # ---- time ----
+    s.L0 = lin(c0)
+    s.g0 = exposed(c0, "fsdp", "grads")
+    s.nu = chip.eff.overlap
+    pr = {t: run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
+    po = {t: run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
+    c_o, c_p = run(_choice(NONE, o=True)), run(_choice(NONE, p=True))
+    c_full = run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
+    s.rho = {t: pr[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
+    s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
+    dl = {t: lin(pr[t]) - s.L0 for t in RECOMPUTABLE}
+    if len(s.trig) >= 2:
+        s.eps = (sum(dl.values()) - (lin(c_full) - s.L0)) / (len(s.trig) - 1)
+    s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
+    s.k_o, s.k_p = lin(c_o) - s.L0, lin(c_p) - s.L0
+    acts = {t: _collective(po[t], "host", "activations") for t in TENSORS}
+    n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
+    s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}
+    if n:
+        st = stage_times(m, chip, job, mesh.plan())
+        s.n_c = (n * chip.eff.overlap * st.layer_fwd, n * chip.eff.overlap * st.layer_bwd)
+
+    # ---- memory ----
+    def rest(c: Cost) -> float:
+        return c.peak_memory_bytes - _act(c)
+
+    s.R0 = rest(c0)
+    s.w_o, s.w_p = rest(c_o) - s.R0, rest(c_p) - s.R0
+    s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
+    s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
+    # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
+    c_min = run(_choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat")))
+    s.logits = c_min.memory.get("logits", 0.0)
+    if mesh.pp > 1:
+        accum = c0.grad_accum
+        s.inflight = min(accum, mesh.pp) * ((1 + (mesh.pp - 1) / (mesh.pp * mesh.vpp)) if mesh.vpp > 1 else 1)
+
+    def ks(c: Cost) -> float:
+        if mesh.pp == 1:
+            return _act(c) - s.logits
+        if c.memory.get("logits", 0.0) == 0.0:  # first stage is the peak: all in-flight micro-batches
+            return c.memory.get("activations", 0.0) / s.inflight
+        return c.memory.get("activations", 0.0)
+
+    k0 = ks(c0)
+    s.sigma = {t: k0 - ks(po[t]) for t in TENSORS if t != "mlp_out"}
+    xi_minus_zeta = k0 - ks(pr["qkv_proj"]) - s.sigma["qkv_proj"]
+    s.sigma["mlp_out"] = k0 - ks(pr["mlp_out"]) - xi_minus_zeta
+    s.zeta = s.sigma["mlp_out"] - (k0 - ks(po["mlp_out"]))
+    s.xi = xi_minus_zeta + s.zeta
+    s.B = k0 - sum(s.sigma.values()) - s.xi + s.zeta
+
+    for ch, cost in ev.items():
+        s.check(ch, cost)
+    return s
+
+
+# ---- solving one mesh ---------------------------------------------------------------------------------------
+
+@dataclass
+class MeshResult:
+    mesh: Mesh
+    choice: Choice | None
+    cost: Cost | None
+    min_hbm_bytes: float  # the least HBM any allowed assignment needs (for infeasibility explanations)
+    estimates: int = 0
+    brute_force: bool = False
+    resolves: int = 0
+
+
+def result_key(cost: Cost, mesh: Mesh, ch: Choice) -> tuple:
+    """Deterministic order: step time, then memory, then the canonical mesh and choice tuples."""
+    return (cost.step_time_s, cost.peak_memory_bytes, mesh, ch.key())
+
+
+def brute_force(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints) -> MeshResult:
+    """Every allowed assignment costed with estimate(): the reference the CP-SAT path is checked against."""
+    best = None
+    min_hbm = math.inf
+    choices = all_choices(cons)
+    for ch in choices:
+        cost = evaluate(m, chip, job, mesh, ch)
+        min_hbm = min(min_hbm, cost.peak_memory_bytes)
+        if cost.fits and (best is None or result_key(cost, mesh, ch) < result_key(best[1], mesh, best[0])):
+            best = (ch, cost)
+    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, min_hbm, len(choices), True)
+
+
+def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints,
+               base: Cost | None = None) -> MeshResult:
+    """The best remat/offload assignment for one mesh (CP-SAT over the probed surrogate, verified)."""
+    ch_min = min_memory_choice(cons)
+    c_min = evaluate(m, chip, job, mesh, ch_min)
+    if c_min.peak_memory_bytes > chip.usable_hbm_bytes:
+        return MeshResult(mesh, None, None, c_min.peak_memory_bytes, 1)
+    s = probe(m, chip, job, mesh, base)
+    n_est = 16 - (base is not None)
+    if not s.exact:
+        r = brute_force(m, chip, job, mesh, cons)
+        r.estimates += n_est
+        return r
+    prog, x, o, p = s.program(cons)
+    best: tuple[Choice, Cost] | None = None
+    resolves = 0
+    for resolves in range(MAX_RESOLVES):  # noqa: B007
+        vals = prog.solve()
+        if vals is None:
+            break
+        ch = Choice(make_remat({t: next(c for c in TENSOR_CHOICES[t] if vals[x[t, c]]) for t in TENSORS}),
+                    bool(vals[o]), bool(vals[p]))
+        cost = evaluate(m, chip, job, mesh, ch)
+        n_est += 1
+        if cost.fits and (best is None or result_key(cost, mesh, ch) < result_key(best[1], mesh, best[0])):
+            best = (ch, cost)
+        if cost.fits and _close(cost.step_time_s, s.time(ch), cost.step_time_s):
+            break  # verified: the surrogate optimum is the true optimum
+        # Exclude this assignment and ask again.
+        decision = [v for v in x.values()] + [o, p]
+        ones = [v for v in decision if vals[v]]
+        prog.add([(v, -1) for v in ones] + [(v, 1) for v in decision if not vals[v]], lb=1 - len(ones))
+    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, c_min.peak_memory_bytes, n_est,
+                      False, resolves)

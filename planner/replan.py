@@ -1,0 +1,225 @@
+"""Elastic re-planning: the best plan when a running job loses or gains chips, and what the switch costs.
+
+`replan(m, chip, job, old_plan, new_chips)`:
+  1. The new count must be one the topology can form (planner.candidates.check_chips; InputError otherwise).
+  2. The planner search (planner.solve.search) at the new count, keeping the global batch if any plan fits;
+     otherwise the nearest global batches that have candidate meshes, nearest first (ties: the smaller), and
+     the first that fits is taken; the result says how tokens per step change.
+  3. Resharding cost: bytes of parameters + optimizer state each chip must receive to go from the old layout to
+     the new one, and the time over the slowest interconnect level the job spans. Model:
+       - state is block-sharded along the data-sharding axes (fsdp, plus dp under ZeRO) inside each model-
+         parallel shard (tp, pp, ep); data rank r holds block r mod d, blocks contiguous, and ranks keep their
+         index across the change; a chip keeps the part of its old block that overlaps its new block and
+         receives the rest (new chips receive everything);
+       - if the model-parallel layout (tp, pp, ep) changes, every chip receives its whole new state (an upper
+         bound: a smarter mapping can keep some);
+       - the time is the busiest chip's bytes over one link's one-direction bandwidth (x the level's efficiency).
+     Compared with restarting from a checkpoint: restart + checkpoint read. Both pay the fixed restart (process
+     and communicator re-initialisation, recompile).
+  4. After an unplanned loss, in-memory resharding works only if every lost shard has a live replica
+     (weights: dp > 1 with zero < 3; optimizer state: dp > 1 with zero = 0); otherwise the state comes from
+     the last checkpoint and the work since it is lost.
+TPU note: a new slice shape is a new allocation, so in-memory resharding across slice shapes assumes the state
+is first staged in host memory or through DCN; the estimate counts only the link time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from costmodel.cost import Cost
+from costmodel.estimate import estimate
+from costmodel.goodput import Reliability, checkpoint_size, ckpt_bandwidth
+from costmodel.job import Job
+from costmodel.memory import CONVENTIONS, memory_terms
+from costmodel.model import ModelSpec
+from costmodel.plan import Plan
+from hardware.chip import Chip
+from hardware.errors import InputError
+from planner.candidates import check_chips, divisors
+
+MAX_BATCH_TRIES = 8
+
+
+@dataclass(frozen=True)
+class Reshard:
+    old_state_bytes_per_chip: float
+    new_state_bytes_per_chip: float
+    moved_bytes_per_chip: float  # the busiest chip
+    moved_bytes_total: float
+    link_Bps: float
+    level: str
+    reshard_s: float  # restart + transfer
+    checkpoint_restart_s: float  # restart + checkpoint read
+    checkpoint_bytes: float
+    replicas_survive_loss: bool  # every shard has a live replica after losing chips (dp replication)
+    recommended: str  # 'reshard' or 'checkpoint'
+
+
+@dataclass(frozen=True)
+class Replan:
+    old_chips: int
+    new_chips: int
+    old_plan: Plan
+    new_plan: Plan
+    old_job: Job
+    new_job: Job
+    old_cost: Cost | None
+    new_cost: Cost
+    batch_kept: bool
+    batch_note: str
+    reshard: Reshard
+    searched: str  # 'planner search' or 'scaled data axes'
+
+
+# ---- resharding ---------------------------------------------------------------------------------------------
+
+def _state_components(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> dict[str, tuple[float, int]]:
+    """{'weights'|'optimizer': (bytes per chip, data-sharding degree)}."""
+    w_b, _, o_b, _ = CONVENTIONS[job.framework]
+    accum = max(1, job.global_batch // (plan.batch_shards * plan.micro_batch))
+    mt = memory_terms(m, chip, job, plan, accum)
+    w_shards = plan.fsdp * (plan.dp if plan.zero == 3 else 1)
+    o_shards = plan.fsdp * (plan.dp if plan.zero >= 1 else 1)
+    return {"weights": (mt.param_elems * w_b, w_shards), "optimizer": (mt.optimizer_param_elems * o_b, o_shards)}
+
+
+def block_overlap(r: int, d_old: int, d_new: int) -> float:
+    """Fraction of the whole (model-parallel shard's) state that data rank r holds in both layouts."""
+    a0, a1 = (r % d_old) / d_old, (r % d_old + 1) / d_old
+    b0, b1 = (r % d_new) / d_new, (r % d_new + 1) / d_new
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def moved_bytes(old: dict[str, tuple[float, int]], new: dict[str, tuple[float, int]], old_data_ranks: int,
+                new_data_ranks: int, same_model_layout: bool) -> tuple[float, float]:
+    """(busiest chip's received bytes, mean over the new data ranks) for one model-parallel shard position."""
+    per_rank = []
+    for r in range(new_data_ranks):
+        need = 0.0
+        for key, (b_new, d_new) in new.items():
+            if not same_model_layout or r >= old_data_ranks:
+                need += b_new
+                continue
+            _, d_old = old[key]
+            whole = b_new * d_new  # this model-parallel shard's state of this kind
+            need += b_new - block_overlap(r, d_old, d_new) * whole
+        per_rank.append(max(0.0, need))
+    return max(per_rank), sum(per_rank) / len(per_rank)
+
+
+def link_for(chip: Chip, chips: int) -> tuple[float, str]:
+    """One-direction bandwidth a chip gets on the slowest level a `chips`-chip job spans, and that level's name."""
+    up = chip.scale_up
+    if len(chip.levels) == 1 or (up.domain_chips and chips <= up.domain_chips):
+        return up.bw_per_dir_Bps * chip.eff.link, up.name
+    lvl = chip.levels[-1]
+    return lvl.bw_per_dir_Bps * chip.eff.net, lvl.name
+
+
+def reshard_cost(m: ModelSpec, chip: Chip, old_job: Job, old_plan: Plan, new_job: Job, new_plan: Plan,
+                 rel: Reliability | None = None) -> Reshard:
+    rel = rel or Reliability()
+    old, new = _state_components(m, chip, old_job, old_plan), _state_components(m, chip, new_job, new_plan)
+    same = all(getattr(old_plan, a) == getattr(new_plan, a) for a in ("tp", "pp", "ep"))
+    mp_new = new_plan.tp * new_plan.pp * new_plan.ep * new_plan.cp
+    mp_old = old_plan.tp * old_plan.pp * old_plan.ep * old_plan.cp
+    busiest, mean = moved_bytes(old, new, old_plan.chips // mp_old, new_plan.chips // mp_new, same)
+    bw, level = link_for(chip, max(old_plan.chips, new_plan.chips))
+    ck = checkpoint_size(m, chip, new_job, new_plan)
+    n = new_plan.chips
+    restore = ck.total_bytes / ckpt_bandwidth(rel.ckpt_read_Bps, rel.ckpt_aggregate_Bps, n)
+    reshard_s = rel.restart_s + busiest / bw
+    ckpt_s = rel.restart_s + restore
+    replicas = old_plan.dp > 1 and old_plan.zero == 0
+    return Reshard(
+        old_state_bytes_per_chip=sum(b for b, _ in old.values()),
+        new_state_bytes_per_chip=sum(b for b, _ in new.values()),
+        moved_bytes_per_chip=busiest, moved_bytes_total=mean * n, link_Bps=bw, level=level, reshard_s=reshard_s,
+        checkpoint_restart_s=ckpt_s, checkpoint_bytes=ck.total_bytes, replicas_survive_loss=replicas,
+        recommended="reshard" if reshard_s <= ckpt_s else "checkpoint")
+
+
+# ---- the search at the new count -----------------------------------------------------------------------------
+
+def batch_options(global_batch: int, chips: int, tries: int = MAX_BATCH_TRIES) -> list[int]:
+    """The old batch first, then the nearest batches divisible by some batch-shard count of `chips`."""
+    near: set[int] = set()
+    for s in divisors(chips):
+        lo = (global_batch // s) * s
+        near.update(b for b in (lo, lo + s) if b >= 1)
+    rest = sorted(near - {global_batch}, key=lambda b: (abs(b - global_batch), b))
+    return [global_batch] + rest[: tries - 1]
+
+
+def _search_best(m: ModelSpec, chip: Chip, job: Job, chips: int) -> tuple[Plan, Cost] | None:
+    from planner.solve import search
+
+    try:
+        s = search(m, chip, job, chips, top=1, explain=False)
+    except InputError:
+        return None
+    return (s.plans[0].plan, s.plans[0].cost) if s.plans else None
+
+
+def _scaled_best(m: ModelSpec, chip: Chip, job: Job, chips: int, old: Plan) -> tuple[Plan, Cost] | None:
+    """Fallback without the planner search: keep the model-parallel axes, remat and offload; rescale dp/fsdp."""
+    mp = old.tp * old.cp * old.pp * old.ep
+    if chips % mp:
+        return None
+    data = chips // mp
+    best = None
+    for fsdp in divisors(data):
+        dp = data // fsdp
+        shards = dp * fsdp * old.ep
+        if job.global_batch % shards:
+            continue
+        for mb in divisors(job.global_batch // shards):
+            plan = old.with_(dp=dp, fsdp=fsdp, micro_batch=mb, zero=old.zero if dp > 1 else 0,
+                             slices=math.gcd(old.slices, chips) if chip.scale_up.kind == "torus" else 1)
+            try:
+                cost = estimate(m, chip, job, plan, chips)
+            except InputError:
+                continue
+            if cost.fits and (best is None or cost.step_time_s < best[1].step_time_s):
+                best = (plan, cost)
+    return best
+
+
+def replan(m: ModelSpec, chip: Chip, job: Job, old_plan: Plan, new_chips: int, rel: Reliability | None = None,
+           use_search: bool = True) -> Replan:
+    """The best plan at `new_chips` (keeping the global batch if possible) and the cost of switching to it."""
+    check_chips(chip, new_chips)
+    try:
+        old_cost = estimate(m, chip, job, old_plan)
+    except InputError:
+        old_cost = None
+    if use_search:
+        try:
+            import planner.solve  # noqa: F401
+        except ImportError:
+            use_search = False
+    found = None
+    mp = old_plan.tp * old_plan.cp * old_plan.pp * old_plan.ep
+    shard_base = new_chips if use_search or new_chips % mp else new_chips // mp
+    for b in batch_options(job.global_batch, shard_base):
+        j = replace(job, global_batch=b)
+        found = _search_best(m, chip, j, new_chips) if use_search else _scaled_best(m, chip, j, new_chips, old_plan)
+        if found is not None:
+            break
+    if found is None:
+        raise InputError(f"--chips: no plan for {m.name} fits on {new_chips} x {chip.name} at global batch "
+                         f"{job.global_batch} or the {MAX_BATCH_TRIES - 1} nearest usable batches")
+    plan, cost = found
+    new_job = replace(job, global_batch=b)
+    kept = b == job.global_batch
+    if kept:
+        note = f"global batch kept at {b} sequences"
+    else:
+        note = (f"global batch {job.global_batch} has no fitting plan on {new_chips} chips; nearest that fits: {b} "
+                f"sequences ({(b - job.global_batch) / job.global_batch * 100:+.1f}% tokens per step: rescale the "
+                "learning rate or warm up again if the optimizer is batch-sensitive)")
+    rs = reshard_cost(m, chip, job, old_plan, new_job, plan, rel)
+    return Replan(old_plan.chips, new_chips, old_plan, plan, job, new_job, old_cost, cost, kept, note, rs,
+                  "planner search" if use_search else "scaled data axes")

@@ -1,0 +1,280 @@
+"""The search: the K fastest plans that fit, over every mesh candidate and every remat/offload assignment.
+
+Outer loop: best-first over mesh candidates (planner/candidates.py) with two admissible lower bounds on a mesh's
+best step time, so that only meshes that could enter the top K are solved:
+
+  LB0 (no estimate() call; cached per tp, cp, pp, micro_batch): grad_accum micro-steps of forward + backward
+      compute and three passes of memory-bound ops, plus the 1F1B bubble of the same, plus the fixed overhead.
+      Every step time contains these terms at least (recompute and a fourth memory-bound pass only add).
+  LB1 (one estimate() of the mesh with nothing recomputed or offloaded, 'none'): its step time minus the exposed
+      fsdp gradient reduce-scatter and the optimizer update. Remat only adds time, except that recompute can
+      hide that reduce-scatter and optimizer offload removes the on-chip update; offload traffic only adds.
+
+Meshes are popped in bound order; a popped LB0 entry is refined to LB1 and pushed back; a popped LB1 entry is
+solved exactly (planner/remat.py: CP-SAT over the probed surrogate, verified with estimate()). The search stops
+when the next bound exceeds the K-th best verified step time, so the result equals what evaluating every mesh
+would give (`exhaustive=True` does that, without pruning, to check it).
+
+Order of plans (and ties): step time, then peak memory, then the canonical mesh tuple (dp, fsdp, tp, cp, pp,
+ep, vpp, micro_batch, zero, slices), then the remat/offload choice. One plan per mesh in the top K.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from costmodel.cost import Cost
+from costmodel.estimate import estimate, stage_times
+from costmodel.job import Job
+from costmodel.memory import memory_terms
+from costmodel.model import ModelSpec
+from costmodel.plan import REMAT_POLICIES, Plan
+from hardware.chip import Chip
+from hardware.errors import InputError
+from planner.candidates import (
+    Constraints,
+    Mesh,
+    candidates,
+    check_chips,
+    default_slices,
+    explain_no_candidates,
+    formable,
+)
+from planner.remat import MeshResult, brute_force, exposed, min_memory_choice, result_key, solve_mesh
+
+GIB = 2**30
+BRUTE_FORCE_LIMIT = 20_000  # exhaustive mode brute-forces remat choices when meshes x choices is at most this
+FEASIBILITY_CHECKS = 400  # meshes tried per what-if when explaining an infeasible job
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    cost: Cost
+    mesh: Mesh
+
+    def key(self) -> tuple:
+        from planner.remat import Choice
+
+        return result_key(self.cost, self.mesh, Choice(self.plan.remat, self.plan.offload_optimizer,
+                                                       self.plan.offload_params))
+
+
+@dataclass
+class SearchStats:
+    candidates: int = 0  # mesh candidates the rules allow
+    bounded: int = 0  # meshes costed once for LB1
+    solved: int = 0  # meshes whose remat/offload program was solved
+    infeasible: int = 0  # solved meshes where nothing fits
+    brute_forced: int = 0  # meshes solved by enumerating every assignment
+    resolves: int = 0  # extra CP-SAT solves after a verification miss
+    estimates: int = 0  # estimate() calls
+    exhaustive: bool = False
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    reason: str
+    suggestions: tuple[str, ...]
+    min_memory_bytes: float  # the smallest per-chip HBM any candidate reaches
+    min_memory_plan: Plan | None
+
+    def to_dict(self) -> dict:
+        return {"reason": self.reason, "suggestions": list(self.suggestions),
+                "min_memory_bytes": self.min_memory_bytes}
+
+
+@dataclass
+class Suggestion:
+    model: ModelSpec
+    chip: Chip
+    chips: int
+    slices: int
+    job: Job
+    constraints: Constraints
+    plans: list[PlanResult] = field(default_factory=list)
+    stats: SearchStats = field(default_factory=SearchStats)
+    infeasible: Infeasible | None = None
+
+
+def _lb0(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cache: dict) -> float:
+    key = (mesh.tp, mesh.cp, mesh.pp, mesh.micro_batch)
+    if key not in cache:
+        st = stage_times(m, chip, job, mesh.plan(REMAT_POLICIES["none"]))
+        cache[key] = st.fwd + st.bwd + st.elementwise
+    per_micro = cache[key]
+    accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
+    return accum * per_micro + (mesh.pp - 1) / mesh.vpp * per_micro + chip.eff.step_overhead_s
+
+
+def _min_hbm(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch) -> float:
+    """Peak HBM of the least-memory assignment (costmodel.memory only: a fifth of an estimate() call)."""
+    plan = mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params)
+    accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
+    return memory_terms(m, chip, job, plan, accum).peak_bytes
+
+
+def _lb1(c0: Cost) -> float:
+    return c0.step_time_s - exposed(c0, "fsdp", "grads") - c0.time.get("optimizer", 0.0)
+
+
+def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | None = None, top: int = 5,
+           exhaustive: bool = False, brute: bool | None = None, explain: bool = True) -> Suggestion:
+    """The `top` best plans (one per mesh) for `job` on `chips` chips. Raises InputError for bad input.
+
+    exhaustive: solve every mesh (no pruning). brute: cost every remat/offload assignment of every solved mesh
+    with estimate() instead of CP-SAT (default: in exhaustive mode when that is at most BRUTE_FORCE_LIMIT calls).
+    """
+    cons = cons or Constraints()
+    if top < 1:
+        raise InputError(f"--top: expected a positive integer, got {top}")
+    check_chips(chip, chips)
+    slices = default_slices(chip, chips, cons.slices)
+    meshes = list(candidates(m, chip, job, chips, cons, slices))
+    if not meshes:
+        raise explain_no_candidates(m, chip, job, chips, cons)
+    stats = SearchStats(candidates=len(meshes), exhaustive=exhaustive)
+    if brute is None:
+        from planner.remat import all_choices
+
+        brute = exhaustive and len(meshes) * len(all_choices(cons)) <= BRUTE_FORCE_LIMIT
+    out = Suggestion(m, chip, chips, slices, job, cons, stats=stats)
+
+    cache: dict = {}
+    low_choice = min_memory_choice(cons)
+    heap = [(_lb0(m, chip, job, mesh, cache), 0, mesh) for mesh in meshes]
+    heapq.heapify(heap)
+    best: list[PlanResult] = []  # sorted, at most `top`
+    base: dict[Mesh, Cost] = {}
+    lowest: tuple[float, Mesh | None, Plan | None] = (math.inf, None, None)
+    while heap:
+        bound, stage, mesh = heapq.heappop(heap)
+        if not exhaustive and len(best) >= top and bound > best[-1].cost.step_time_s:
+            break
+        if stage == 0 and not exhaustive:
+            low = _min_hbm(m, chip, job, mesh, low_choice)
+            if low > chip.usable_hbm_bytes:  # nothing fits on this mesh: no need to bound or solve it
+                stats.infeasible += 1
+                if low < lowest[0]:
+                    lowest = (low, mesh, None)
+                continue
+            c0 = estimate(m, chip, job, mesh.plan(REMAT_POLICIES["none"]))
+            stats.bounded += 1
+            stats.estimates += 1
+            base[mesh] = c0
+            heapq.heappush(heap, (max(bound, _lb1(c0)), 1, mesh))
+            continue
+        if brute:
+            r = brute_force(m, chip, job, mesh, cons)
+        else:
+            r = solve_mesh(m, chip, job, mesh, cons, base.pop(mesh, None))
+        _record(stats, r)
+        if r.min_hbm_bytes < lowest[0]:
+            lowest = (r.min_hbm_bytes, mesh, None)
+        if r.cost is None:
+            stats.infeasible += 1
+            continue
+        res = PlanResult(mesh.plan(r.choice.remat, r.choice.offload_optimizer, r.choice.offload_params), r.cost, mesh)
+        best.append(res)
+        best.sort(key=PlanResult.key)
+        del best[top:]
+    out.plans = best
+    if not best and explain:
+        out.infeasible = explain_infeasible(m, chip, job, chips, cons, lowest[0], lowest[1])
+    return out
+
+
+def _record(stats: SearchStats, r: MeshResult) -> None:
+    stats.solved += 1
+    stats.estimates += r.estimates
+    stats.brute_forced += r.brute_force
+    stats.resolves += max(0, r.resolves)
+
+
+def best_plan(m: ModelSpec, chip: Chip, chips: int, job: Job) -> tuple[Plan, Cost] | None:
+    """The single best plan, or None when nothing fits (used by `planner sweep`)."""
+    s = search(m, chip, job, chips, top=1, explain=False)
+    return (s.plans[0].plan, s.plans[0].cost) if s.plans else None
+
+
+# ---- when nothing fits ----------------------------------------------------------------------------------------
+
+def _any_fits(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> Mesh | None:
+    """A mesh whose least-memory assignment fits, trying the most sharded meshes first (bounded effort)."""
+    from planner.remat import evaluate
+
+    try:
+        meshes = list(candidates(m, chip, job, chips, cons))
+    except InputError:
+        return None
+    meshes.sort(key=lambda s: (s.micro_batch, -(s.fsdp * s.tp * s.pp * s.cp * s.ep), s))
+    ch = min_memory_choice(cons)
+    for mesh in meshes[:FEASIBILITY_CHECKS]:
+        try:
+            if evaluate(m, chip, job, mesh, ch).fits:
+                return mesh
+        except InputError:
+            continue
+    return None
+
+
+def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints, min_bytes: float,
+                       min_mesh: Mesh | None) -> Infeasible:
+    """Nothing fits: say by how much, and name the smallest changes that do fit."""
+    usable = chip.usable_hbm_bytes
+    plan = None
+    if min_mesh is not None:
+        ch = min_memory_choice(cons)
+        plan = min_mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params)
+    reason = (f"no plan fits: even with full recompute and activation, optimizer and parameter offload the "
+              f"smallest footprint is {min_bytes / GIB:.1f} GiB per chip against {usable / GIB:.1f} GiB usable "
+              f"on {chip.name}" if math.isfinite(min_bytes) else "no plan fits")
+    tips: list[str] = []
+    for factor in (2, 4, 8, 16):
+        n = chips * factor
+        if not formable(chip, n):
+            continue
+        for b in (job.global_batch, job.global_batch * factor):
+            j = Job(job.seq_len, b, job.precision, job.framework)
+            if _any_fits(m, chip, j, n, Constraints(max_tp=cons.max_tp)) is not None:
+                extra = "" if b == job.global_batch else f" with --global-batch {b}"
+                tips.append(f"more chips: --chips {n} ({factor}x){extra} fits")
+                break
+        if tips:
+            break
+    if job.seq_len >= 2:
+        j = Job(job.seq_len // 2, job.global_batch * 2, job.precision, job.framework)
+        if _any_fits(m, chip, j, chips, Constraints(max_tp=cons.max_tp)) is not None:
+            tips.append(f"shorter sequences: --seq-len {j.seq_len} --global-batch {j.global_batch} (same tokens) fits")
+    if cons.fixed or cons.remat is not None or cons.offload_optimizer is False or cons.offload_params is False:
+        if _any_fits(m, chip, job, chips, Constraints(max_tp=cons.max_tp, slices=cons.slices)) is not None:
+            tips.append(f"drop --fix {cons.describe()}: a plan fits without it")
+    if not tips:
+        tips.append(f"nothing tried fits (up to {16 * chips} chips, half the sequence length); use hardware with more "
+                    "HBM or a smaller model")
+    return Infeasible(reason, tuple(tips), min_bytes, plan)
+
+
+# ---- comparing plans -------------------------------------------------------------------------------------------
+
+def why_better(a: PlanResult, b: PlanResult) -> str:
+    """One line on why `a` beats `b`: the breakdown term that differs most."""
+    keys = sorted(set(a.cost.time) | set(b.cost.time))
+    diffs = {k: b.cost.time.get(k, 0.0) - a.cost.time.get(k, 0.0) for k in keys}
+    k = max(keys, key=lambda k: (abs(diffs[k]), k))
+    gap = b.cost.step_time_s - a.cost.step_time_s
+    pct = gap / b.cost.step_time_s * 100 if b.cost.step_time_s else 0.0
+    if gap == 0:
+        ma, mb = a.cost.peak_memory_bytes, b.cost.peak_memory_bytes
+        if ma < mb:
+            return (f"ties with the runner-up on step time and needs less memory per chip ({ma / GIB:.1f} GiB vs "
+                    f"{mb / GIB:.1f} GiB)")
+        return "ties with the runner-up on step time and memory; ranked first by the canonical mesh order"
+    word = "less" if diffs[k] > 0 else "more"
+    return (f"{pct:.1f}% faster than the runner-up ({gap:.3f} s per step); the largest difference is {k}: "
+            f"{abs(diffs[k]):.3f} s {word} ({a.cost.time.get(k, 0.0):.3f} s vs {b.cost.time.get(k, 0.0):.3f} s)")

@@ -1,0 +1,343 @@
+"""A decoder-only transformer in plain JAX that follows a Plan's shardings and remat choices.
+
+RMSNorm, causal GQA attention, gated (SiLU) or plain (GeLU) MLP, optional MoE with top-k routing and per-sequence
+expert capacity (gather/scatter dispatch, so no dispatch matmuls), tied or untied embeddings, cross-entropy, and
+Adam written by hand. Parameters and Adam moments are fp32; the step casts the parameters to the compute dtype
+once (MaxText's weight_dtype=float32, dtype=bfloat16 convention). Layers are unrolled with a Python loop so that
+XLA's cost analysis counts each of them.
+
+Mesh axes (outer to inner): dp, fsdp, ep, cp, tp. The batch is split over (dp, fsdp, ep); the sequence over cp
+(and over tp too under sequence parallelism, for the residual stream); heads, MLP columns and the vocabulary over
+tp; weights' d_model dimension over fsdp (and dp under ZeRO-3); experts over ep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from costmodel.model import ModelSpec
+from costmodel.plan import TENSOR_MAXTEXT_NAMES, TENSORS, Plan
+
+MESH_AXES = ("dp", "fsdp", "ep", "cp", "tp")
+BATCH = ("dp", "fsdp", "ep")
+ADAM = dict(lr=1e-3, b1=0.9, b2=0.95, eps=1e-8)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything needed to build and shard one training step."""
+
+    model: ModelSpec
+    plan: Plan
+    seq_len: int
+    global_batch: int
+    compute_dtype: str = "bfloat16"
+
+    @property
+    def cdt(self):
+        return jnp.dtype(self.compute_dtype)
+
+
+def make_mesh(plan: Plan, devices=None) -> Mesh:
+    sizes = [getattr(plan, a) for a in MESH_AXES]
+    devs = list(devices if devices is not None else jax.devices())[: math.prod(sizes)]
+    return Mesh(np.array(devs).reshape(sizes), MESH_AXES)
+
+
+def single_device_plan(plan: Plan) -> Plan:
+    return plan.with_(dp=1, fsdp=1, tp=1, cp=1, pp=1, ep=1, zero=0)
+
+
+# ---- shardings -------------------------------------------------------------------------------------------
+
+def _w_axes(plan: Plan, moments: bool = False) -> tuple[str, ...] | None:
+    """Mesh axes that shard the weights' d_model dimension (fsdp; dp too under ZeRO-3, or for moments ZeRO>=1)."""
+    axes = ["fsdp"]
+    if plan.zero == 3 or (moments and plan.zero >= 1):
+        axes.append("dp")
+    return tuple(axes)
+
+
+def param_specs(cfg: Setup, moments: bool = False) -> dict:
+    m, W = cfg.model, _w_axes(cfg.plan, moments)
+    layer = {
+        "norm1": P(None), "norm2": P(None),
+        "wq": P(W, "tp", None), "wk": P(W, "tp", None), "wv": P(W, "tp", None), "wo": P("tp", None, W),
+    }
+    if m.is_moe:
+        layer.update(router=P(W, None), wi0=P("ep", W, "tp"), wo_mlp=P("ep", "tp", W))
+        if m.gated_mlp:
+            layer["wi1"] = P("ep", W, "tp")
+    else:
+        layer.update(wi0=P(W, "tp"), wo_mlp=P("tp", W))
+        if m.gated_mlp:
+            layer["wi1"] = P(W, "tp")
+    specs = {"embed": P("tp", W), "final_norm": P(None), "layers": [dict(layer) for _ in range(m.n_layers)]}
+    if not m.tied_embeddings:
+        specs["unembed"] = P(W, "tp")
+    return specs
+
+
+def init_params(cfg: Setup, seed: int = 0, like=np) -> dict:
+    """fp32 parameters as numpy arrays, deterministic in `seed` (jax.random would cost seconds of compile).
+
+    With like=jax.ShapeDtypeStruct-producing `like`, only shapes are built (see `param_shapes`)."""
+    m = cfg.model
+    d, h, kv, hd = m.d_model, m.n_heads, m.n_kv_heads, m.head_dim
+    rng = np.random.default_rng(seed)
+
+    def w(shape, fan_in):
+        if like is not np:
+            return jax.ShapeDtypeStruct(shape, jnp.float32)
+        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(fan_in)))
+
+    def ones(n):
+        return jax.ShapeDtypeStruct((n,), jnp.float32) if like is not np else np.ones((n,), np.float32)
+
+    layers = []
+    for _ in range(m.n_layers):
+        lay = {"norm1": ones(d), "norm2": ones(d), "wq": w((d, h, hd), d), "wk": w((d, kv, hd), d),
+               "wv": w((d, kv, hd), d), "wo": w((h, hd, d), h * hd)}
+        if m.is_moe:
+            e, f = m.n_experts, m.moe_ffn_dim
+            lay.update(router=w((d, e), d), wi0=w((e, d, f), d), wo_mlp=w((e, f, d), f))
+            if m.gated_mlp:
+                lay["wi1"] = w((e, d, f), d)
+        else:
+            f = m.ffn_dim
+            lay.update(wi0=w((d, f), d), wo_mlp=w((f, d), f))
+            if m.gated_mlp:
+                lay["wi1"] = w((d, f), d)
+        layers.append(lay)
+    params = {"embed": w((m.vocab_size, d), 1.0), "final_norm": ones(d), "layers": layers}
+    if not m.tied_embeddings:
+        params["unembed"] = w((d, m.vocab_size), d)
+    return params
+
+
+# ---- the model -------------------------------------------------------------------------------------------
+
+class Sharder:
+    """with_sharding_constraint on the plan's mesh (a no-op structure on a one-device mesh)."""
+
+    def __init__(self, mesh: Mesh, plan: Plan):
+        self.mesh, self.plan = mesh, plan
+        self.seq = ("cp", "tp") if (plan.sequence_parallel and plan.tp > 1) else ("cp",)
+
+    def __call__(self, x, *spec):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, P(*spec)))
+
+    def resid(self, x):
+        return self(x, BATCH, self.seq, None)
+
+
+def rmsnorm(x, g):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-6)
+    return (y * g.astype(jnp.float32)).astype(x.dtype)
+
+
+def attention(cfg: Setup, sh: Sharder, p: dict, x):
+    m = cfg.model
+    q = checkpoint_name(jnp.einsum("bsd,dhk->bshk", x, p["wq"]), "query_proj")
+    k = checkpoint_name(jnp.einsum("bsd,dhk->bshk", x, p["wk"]), "key_proj")
+    v = checkpoint_name(jnp.einsum("bsd,dhk->bshk", x, p["wv"]), "value_proj")
+    q, k, v = (sh(t, BATCH, "cp", "tp", None) for t in (q, k, v))
+    # Context parallelism: every query shard needs all keys and values (all-gather over cp).
+    k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)
+    b, s, h, hd = q.shape
+    g = h // m.n_kv_heads
+    qg = q.reshape(b, s, m.n_kv_heads, g, hd)
+    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k).astype(jnp.float32) / math.sqrt(hd)
+    mask = jnp.tril(jnp.ones((s, s), dtype=bool))
+    scores = jnp.where(mask, scores, -1e30)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    ctx = jnp.einsum("bkgst,btkd->bskgd", probs, v).reshape(b, s, h, hd)
+    ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
+    out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj")
+    return sh.resid(out)
+
+
+def _act(m: ModelSpec):
+    return jax.nn.silu if m.gated_mlp else jax.nn.gelu
+
+
+def dense_mlp(cfg: Setup, sh: Sharder, p: dict, x):
+    m = cfg.model
+    h = checkpoint_name(jnp.einsum("bsd,df->bsf", x, p["wi0"]), "mlpwi_0")
+    h = _act(m)(sh(h, BATCH, "cp", "tp"))
+    if m.gated_mlp:
+        h = h * sh(checkpoint_name(jnp.einsum("bsd,df->bsf", x, p["wi1"]), "mlpwi_1"), BATCH, "cp", "tp")
+    out = checkpoint_name(jnp.einsum("bsf,fd->bsd", h, p["wo_mlp"]), "mlpwo")
+    return sh.resid(out)
+
+
+def capacity(m: ModelSpec, seq_len: int) -> int:
+    cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
+    return max(1, math.ceil(m.experts_per_token * seq_len * cf / m.n_experts))
+
+
+def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
+    """Top-k routing with per-sequence capacity; tokens reach their experts by gather, return by gather."""
+    m = cfg.model
+    b, s, d = x.shape
+    e, k = m.n_experts, m.experts_per_token
+    c = capacity(m, s)
+    x = sh(x, BATCH, None, None)
+    logits = jnp.einsum("bsd,de->bse", x, p["router"]).astype(jnp.float32)
+    gates, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
+    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+    idx = idx.reshape(b, s * k)
+    onehot = jax.nn.one_hot(idx, e, dtype=jnp.int32)  # [b, s*k, e]
+    pos = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1)  # position within its expert
+    keep = pos < c
+    slot = jnp.where(keep, idx * c + pos, e * c)  # e*c = the overflow slot (dropped)
+    # Which token fills each expert slot: a one-hot without the d_model factor (cheap), then a gather.
+    slot_hot = jax.nn.one_hot(slot, e * c, dtype=jnp.float32)  # [b, s*k, e*c]
+    token_of = jnp.arange(s * k, dtype=jnp.float32) // k
+    tok = jnp.einsum("bts,t->bs", slot_hot, token_of).astype(jnp.int32)  # [b, e*c]
+    xe = jnp.take_along_axis(x, tok[:, :, None], axis=1).reshape(b, e, c, d)
+    xe = sh(jnp.transpose(xe, (1, 0, 2, 3)), "ep", ("dp", "fsdp"), None, None)  # all-to-all over ep
+    h = checkpoint_name(jnp.einsum("ebcd,edf->ebcf", xe, p["wi0"]), "mlpwi_0")
+    h = _act(m)(sh(h, "ep", ("dp", "fsdp"), None, "tp"))
+    if m.gated_mlp:
+        h = h * sh(checkpoint_name(jnp.einsum("ebcd,edf->ebcf", xe, p["wi1"]), "mlpwi_1"),
+                   "ep", ("dp", "fsdp"), None, "tp")
+    ye = checkpoint_name(jnp.einsum("ebcf,efd->ebcd", h, p["wo_mlp"]), "mlpwo")
+    ye = sh(ye, "ep", ("dp", "fsdp"), None, None)
+    ye = sh(jnp.transpose(ye, (1, 0, 2, 3)), BATCH, None, None, None).reshape(b, e * c, d)  # all-to-all back
+    ye = jnp.concatenate([ye, jnp.zeros((b, 1, d), ye.dtype)], axis=1)
+    yk = jnp.take_along_axis(ye, slot[:, :, None], axis=1).reshape(b, s, k, d)
+    y = jnp.sum(yk * gates[..., None].astype(yk.dtype), axis=2)
+    return sh.resid(y)
+
+
+def saved_names(plan: Plan) -> list[str]:
+    """MaxText checkpoint names of the tensors the plan keeps on device."""
+    ch = plan.remat.choices()
+    return [n for t in TENSORS if t != "layer_input" and ch[t] == "device" for n in TENSOR_MAXTEXT_NAMES[t]]
+
+
+def layer_fn(cfg: Setup, sh: Sharder):
+    m = cfg.model
+
+    def f(p, x):
+        x = checkpoint_name(x, "decoder_layer_input")
+        h = x + attention(cfg, sh, p, rmsnorm(x, p["norm1"]))
+        mlp = moe_mlp if m.is_moe else dense_mlp
+        return sh.resid(h + mlp(cfg, sh, p, rmsnorm(h, p["norm2"])))
+
+    plan = cfg.plan
+    if plan.remat.count("remat") == 0:  # 'none': nothing recomputed, no checkpoint at all
+        return f
+    policy = jax.checkpoint_policies.save_only_these_names(*saved_names(plan))
+    return jax.checkpoint(f, policy=policy)
+
+
+def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
+    m, cdt = cfg.model, cfg.cdt
+    p = jax.tree.map(lambda a: a.astype(cdt), params)  # the compute copy of the weights
+    x = sh.resid(jnp.take(p["embed"], tokens, axis=0))
+    f = layer_fn(cfg, sh)
+    for lp in p["layers"]:  # unrolled: XLA's cost analysis counts a scanned body once
+        x = f(lp, x)
+    x = rmsnorm(x, p["final_norm"])
+    w_out = p["embed"].T if m.tied_embeddings else p["unembed"]
+    logits = sh(jnp.einsum("bsd,dv->bsv", x, w_out), BATCH, "cp", "tp").astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.sum(logits * jax.nn.one_hot(targets, m.vocab_size, dtype=logits.dtype), axis=-1)
+    return jnp.mean(lse - target_logit)
+
+
+def adam_update(params, grads, mu, nu, count):
+    b1, b2, lr, eps = ADAM["b1"], ADAM["b2"], ADAM["lr"], ADAM["eps"]
+    count = count + 1
+    mu = jax.tree.map(lambda m_, g: b1 * m_ + (1 - b1) * g, mu, grads)
+    nu = jax.tree.map(lambda v_, g: b2 * v_ + (1 - b2) * g * g, nu, grads)
+    c1, c2 = 1 - b1 ** count.astype(jnp.float32), 1 - b2 ** count.astype(jnp.float32)
+    params = jax.tree.map(lambda w, m_, v_: w - lr * (m_ / c1) / (jnp.sqrt(v_ / c2) + eps), params, mu, nu)
+    return params, mu, nu, count
+
+
+# ---- the step --------------------------------------------------------------------------------------------
+
+@dataclass
+class Step:
+    """A jitted, sharded training step and its inputs, ready to lower/compile/run."""
+
+    cfg: Setup
+    mesh: Mesh
+    fn: object  # jitted train step: (params, opt, tokens, targets) -> (params, opt, loss)
+    grad_fn: object  # jitted (params, tokens, targets) -> (loss, grads) with the same shardings
+    shardings: dict
+
+    def inputs(self, seed: int = 0):
+        cfg = self.cfg
+        host = init_params(cfg, seed)
+        params = jax.device_put(host, self.shardings["params"])
+        zeros = jax.tree.map(np.zeros_like, host)
+        opt = {"mu": jax.device_put(zeros, self.shardings["moments"]),
+               "nu": jax.device_put(zeros, self.shardings["moments"]), "count": jnp.zeros((), jnp.int32)}
+        tokens, targets = make_batch(cfg, seed)
+        tokens = jax.device_put(tokens, self.shardings["batch"])
+        targets = jax.device_put(targets, self.shardings["batch"])
+        return params, opt, tokens, targets
+
+    def abstract_inputs(self):
+        """ShapeDtypeStructs with shardings (for ahead-of-time lowering without allocating)."""
+        cfg = self.cfg
+        shapes = init_params(cfg, like=None)
+
+        def sds(tree, shard):
+            return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
+
+        params = sds(shapes, self.shardings["params"])
+        mom = sds(shapes, self.shardings["moments"])
+        rep = NamedSharding(self.mesh, P())
+        opt = {"mu": mom, "nu": mom, "count": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
+        tok = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len), jnp.int32, sharding=self.shardings["batch"])
+        return params, opt, tok, tok
+
+
+def make_batch(cfg: Setup, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, cfg.model.vocab_size, size=(cfg.global_batch, cfg.seq_len + 1), dtype=np.int32)
+    return data[:, :-1], data[:, 1:]
+
+
+def build_step(cfg: Setup, mesh: Mesh | None = None, donate: bool = True) -> Step:
+    mesh = mesh or make_mesh(cfg.plan)
+    sh = Sharder(mesh, cfg.plan)
+
+    def named(tree):
+        return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P))
+
+    p_sh, m_sh = named(param_specs(cfg)), named(param_specs(cfg, moments=True))
+    rep = NamedSharding(mesh, P())
+    b_sh = NamedSharding(mesh, P(BATCH, "cp"))
+    opt_sh = {"mu": m_sh, "nu": m_sh, "count": rep}
+
+    def grads_of(params, tokens, targets):
+        loss, grads = jax.value_and_grad(partial(loss_fn, cfg, sh))(params, tokens, targets)
+        if cfg.plan.zero >= 2:  # ZeRO-2: gradients sharded like the optimizer state
+            grads = jax.lax.with_sharding_constraint(grads, m_sh)
+        return loss, grads
+
+    def train_step(params, opt, tokens, targets):
+        loss, grads = grads_of(params, tokens, targets)
+        params, mu, nu, count = adam_update(params, grads, opt["mu"], opt["nu"], opt["count"])
+        return params, {"mu": mu, "nu": nu, "count": count}, loss
+
+    fn = jax.jit(train_step, in_shardings=(p_sh, opt_sh, b_sh, b_sh), out_shardings=(p_sh, opt_sh, rep),
+                 donate_argnums=(0, 1) if donate else ())
+    gfn = jax.jit(grads_of, in_shardings=(p_sh, b_sh, b_sh), out_shardings=(rep, p_sh))
+    return Step(cfg, mesh, fn, gfn, {"params": p_sh, "moments": m_sh, "batch": b_sh, "opt": opt_sh})

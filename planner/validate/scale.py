@@ -1,0 +1,103 @@
+"""Scale a model spec down to something a few CPU devices can compile and run in seconds (no jax here).
+
+The scaled model keeps what the plan's shardings depend on: the attention kind (MHA / GQA / MQA-like, with the
+KV heads divisible by tp), gated or plain MLP, tied or untied embeddings, MoE with top-k routing (experts
+divisible by ep). It drops what the validator's JAX model does not implement: multi-head latent attention
+(plain GQA is used), sliding windows, shared experts and leading dense layers (noted in `notes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import Plan
+from hardware.errors import InputError
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Size of the scaled-down model."""
+
+    d_model: int = 128
+    n_layers: int = 2
+    seq_len: int = 128
+    vocab: int = 512
+    ffn_mult: int = 2  # ffn_dim = ffn_mult * d_model (MoE experts: d_model)
+    max_experts: int = 8
+
+
+def _round_up(x: int, k: int) -> int:
+    return -(-x // k) * k
+
+
+def unsupported(plan: Plan) -> str:
+    """Why the validator cannot run `plan` ('' when it can), phrased as what to change."""
+    if plan.pp > 1 or plan.vpp > 1:
+        return f"pp={plan.pp}: pipeline parallelism is not supported by the validator yet; use --pp 1"
+    if plan.offload_optimizer or plan.offload_params or plan.remat.count("offload"):
+        return "offload: host offload is not supported by the validator; drop --offload"
+    if plan.slices > 1:
+        return f"slices={plan.slices}: multi-slice plans are not supported by the validator; use --slices 1"
+    return ""
+
+
+def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec, Job, list[str]]:
+    """(scaled model, job with one micro-batch per batch shard, notes). Raises InputError if it cannot divide."""
+    why = unsupported(plan)
+    if why:
+        raise InputError(why)
+    notes: list[str] = []
+    tp, cp, ep = plan.tp, plan.cp, plan.ep
+    n_heads = _round_up(8, tp)
+    ratio = max(1, m.n_heads // m.n_kv_heads)  # queries per KV head in the full model
+    kv = n_heads // min(ratio, n_heads)
+    kv = max(kv, tp)
+    while n_heads % kv:
+        kv += 1
+    if kv % tp:
+        raise InputError(f"tp={tp}: the scaled model's {kv} KV heads are not divisible by tp; use a tp that "
+                         f"divides {n_heads}")
+    d_model = max(s.d_model, n_heads * 8)
+    if d_model % n_heads:
+        d_model = _round_up(d_model, n_heads)
+    head_dim = d_model // n_heads
+    seq = _round_up(s.seq_len, cp)
+    vocab = _round_up(s.vocab, tp)
+    ffn = _round_up(s.ffn_mult * d_model, tp)
+    moe: dict = dict(n_experts=0, experts_per_token=0, moe_ffn_dim=0, n_dense_layers=0, n_shared_experts=0,
+                     capacity_factor=0.0)
+    if m.is_moe:
+        e = min(m.n_experts, s.max_experts)
+        e = _round_up(max(e, ep), ep)
+        k = min(m.experts_per_token, 2, e)
+        moe = dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, tp), n_dense_layers=0,
+                   n_shared_experts=0, capacity_factor=0.0)
+        if m.n_shared_experts or m.n_dense_layers:
+            notes.append("shared experts and leading dense layers dropped")
+    elif ep > 1:
+        raise InputError(f"ep={ep}: expert parallelism needs a MoE model; {m.name} is dense (use --ep 1)")
+    if m.is_mla:
+        notes.append("multi-head latent attention replaced by GQA")
+    if m.sliding_window:
+        notes.append("sliding-window attention replaced by full causal attention")
+    if plan.cp > 1 and m.is_moe:
+        raise InputError("cp with MoE: the validator routes tokens per sequence and needs the sequence unsplit; "
+                         "use --cp 1 for MoE models")
+    small = replace(
+        m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
+        head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, sliding_window=0, local_per_global=0,
+        q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0, **moe)
+    job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch, precision="bf16", framework="maxtext")
+    if math.gcd(seq, cp) != cp:
+        raise InputError(f"cp={cp}: does not divide the scaled sequence length {seq}")
+    return small, job, notes
+
+
+def check_devices(plan: Plan, devices: int) -> None:
+    if plan.chips > devices:
+        d = " * ".join(f"{a}={v}" for a, v in plan.degrees().items() if v > 1) or "1"
+        raise InputError(f"devices: the plan needs {plan.chips} devices ({d}) but only {devices} exist; "
+                         f"lower the degrees or raise --devices")
