@@ -240,9 +240,11 @@ def replan_cmd(
     t.add_row("state per chip", f"{rs.old_state_bytes_per_chip / GIB:.2f} GiB -> "
                                 f"{rs.new_state_bytes_per_chip / GIB:.2f} GiB (weights + optimizer)")
     t.add_row("reshard in memory", f"{rs.moved_bytes_per_chip / GIB:.2f} GiB into the busiest chip over {rs.level} at "
-                                   f"{rs.link_Bps / 1e9:.0f} GB/s: {_dur(rs.reshard_s)} incl. restart")
-    t.add_row("restart from checkpoint", f"{rs.checkpoint_bytes / 1e12:.2f} TB read: {_dur(rs.checkpoint_restart_s)} "
-                                         "incl. restart, plus the work since the last checkpoint")
+                                   f"{rs.link_Bps / 1e9:.0f} GB/s: {_dur(rs.transfer_s)} + restart = "
+                                   f"{_dur(rs.reshard_s)}")
+    t.add_row("via checkpoint", f"{rs.checkpoint_bytes / 1e12:.2f} TB: write {_dur(rs.checkpoint_write_s)} + restart "
+                                f"+ read {_dur(rs.checkpoint_read_s)} = {_dur(rs.checkpoint_restart_s)} (after a "
+                                "failure: no write, but the work since the last checkpoint is lost)")
     t.add_row("recommended", rs.recommended + ("" if rs.replicas_survive_loss else
                                                " (planned resize only: after an unplanned loss the lost shards have no"
                                                " replica, so restore from the checkpoint)"))

@@ -53,6 +53,22 @@ def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
     return 2 * m.d_model / sp + ffn * k / plan.tp
 
 
+def jax_companion_elems(m: ModelSpec, plan: Plan, moe: bool, choices: dict[str, str]) -> float:
+    """Tensors XLA keeps next to saved MaxText checkpoints (read off the TPU compiler's buffer assignment of
+    MaxText 0.2.5's step, benchmarks/maxtext_memory): with the q/k/v projections saved, the rotated q, k and
+    v that the attention kernel takes as residuals; with the MLP input projections saved (gated MLP), their
+    gated product, the MLP output matmul's input; and a second residual-stream tensor per layer (d values per
+    token) beside the scanned layer input."""
+    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
+    sp = plan.tp if plan.sequence_parallel else 1
+    extra = m.d_model / sp if choices["layer_input"] == "device" else 0.0
+    if choices["qkv_proj"] == "device":
+        extra += (m.q_dim + 2 * m.kv_dim) / plan.tp
+    if choices["mlp_in"] == "device" and m.gated_mlp:
+        extra += ffn * k / plan.tp
+    return extra
+
+
 @dataclass(frozen=True)
 class MemoryTerms:
     convention: str
@@ -112,6 +128,8 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         el = tensor_elems_per_token(m, plan, moe)
         extra = extra_saved_elems_per_token(m, plan, moe)
         dev = sum(el[t] for t in TENSORS if choices[t] == "device")
+        if job.framework == "maxtext" and plan.remat.count("remat") > 0:
+            dev += jax_companion_elems(m, plan, moe, choices)
         if plan.remat.count("remat") == 0:
             # Nothing recomputed: the norm outputs and MLP activation are kept too, and the MLP output is the
             # next layer's input (already counted there), as in Korthikanti et al.'s per-layer sum.
@@ -126,9 +144,10 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     act_saved = saved * layers_stage * inflight
     # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
     act_working = none_all
-    # Logits and loss: bf16 logits plus their fp32 upcast for the cross-entropy (vocab-sharded by tp), on the
-    # last stage; the gradient reuses the fp32 buffer.
-    logit_bytes = 6
+    # Logits and loss (vocab-sharded by tp, on the last stage). PyTorch stacks: bf16 logits plus their fp32
+    # upcast for the cross-entropy, the gradient reusing the fp32 buffer (6 B). XLA (MaxText) fuses the fp32
+    # log-softmax into its consumers: bf16 logits and their bf16 gradient (4 B; matches the TPU compile).
+    logit_bytes = 4 if job.framework == "maxtext" else 6
     logits = tokens * m.vocab_size / plan.tp * logit_bytes
     # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
     coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0

@@ -224,9 +224,9 @@ def _check_layout(plan: Plan, chip: Chip, data: dict, where: str) -> None:
             got = _degrees(data[key], where, f"plan.{key}")
             if got != want:
                 shown = ", ".join(f"{a}: {v}" for a, v in want.items() if v > 1) or "all 1"
-                raise InputError(f"{where}: field 'plan.{key}': expected {{{shown}}} (degrees spanning "
-                                 f"{'slices over DCN: data first, then pipeline, then fsdp' if key == 'dcn' else 'ICI'}"
-                                 f"), got {data[key]!r}")
+                span = "slices over DCN: data first, then pipeline, then fsdp" if key == "dcn" else "ICI"
+                raise InputError(f"{where}: field 'plan.{key}': expected {{{shown}}} (the degrees spanning {span}, "
+                                 f"derived from plan.degrees and plan.slices; fix or delete it), got {data[key]!r}")
 
 
 # ---- load ------------------------------------------------------------------------------------------------------
@@ -277,11 +277,11 @@ def load_plan(path: str | Path, check: bool = True) -> PlanFile:
             if not ok:
                 raise _err(where, f"predicted.{k}", "true or false" if k == "fits" else "a number", val)
     if check:
-        _check_layout(plan, chip, plan_data, where)
         try:
             check_plan(model, chip, job, plan, chips)
         except InputError as e:
             raise InputError(f"{where}: {e}") from None
+        _check_layout(plan, chip, plan_data, where)
     return PlanFile(model, chip, chips, job, plan, model_ref, hw_ref, description, predicted, where)
 
 

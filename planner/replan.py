@@ -2,9 +2,10 @@
 
 `replan(m, chip, job, old_plan, new_chips)`:
   1. The new count must be one the topology can form (planner.candidates.check_chips; InputError otherwise).
-  2. The planner search (planner.solve.search) at the new count, keeping the global batch if any plan fits;
-     otherwise the nearest global batches that have candidate meshes, nearest first (ties: the smaller), and
-     the first that fits is taken; the result says how tokens per step change.
+  2. The planner search (planner.solve.search) at the new count, keeping the global batch if any plan fits.
+     Otherwise up to MAX_BATCH_TRIES nearest batches within MAX_BATCH_CHANGE of it (divisible by a usable
+     batch-shard count) are searched, and the nearest whose best plan reaches NEAR_BEST of the best throughput
+     among them is taken (the very nearest batch can force a poor layout); the result says what changes.
   3. Resharding cost: bytes of parameters + optimizer state each chip must receive to go from the old layout to
      the new one, and the time over the slowest interconnect level the job spans. Model:
        - state is block-sharded along the data-sharding axes (fsdp, plus dp under ZeRO) inside each model-
@@ -14,8 +15,8 @@
        - if the model-parallel layout (tp, pp, ep) changes, every chip receives its whole new state (an upper
          bound: a smarter mapping can keep some);
        - the time is the busiest chip's bytes over one link's one-direction bandwidth (x the level's efficiency).
-     Compared with restarting from a checkpoint: restart + checkpoint read. Both pay the fixed restart (process
-     and communicator re-initialisation, recompile).
+     Compared with going through a checkpoint: write a fresh one (planned resize), restart, read it back. Both
+     pay the fixed restart (process and communicator re-initialisation, recompile).
   4. After an unplanned loss, in-memory resharding works only if every lost shard has a live replica
      (weights: dp > 1 with zero < 3; optimizer state: dp > 1 with zero = 0); otherwise the state comes from
      the last checkpoint and the work since it is lost.
@@ -39,7 +40,9 @@ from hardware.chip import Chip
 from hardware.errors import InputError
 from planner.candidates import check_chips, divisors
 
-MAX_BATCH_TRIES = 8
+MAX_BATCH_TRIES = 8  # other global batches tried when the old one has no fitting plan
+MAX_BATCH_CHANGE = 0.125  # ... within this fraction of the old batch
+NEAR_BEST = 0.9  # take the nearest batch whose throughput is within 10% of the best batch tried
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,11 @@ class Reshard:
     moved_bytes_total: float
     link_Bps: float
     level: str
+    transfer_s: float  # the busiest chip's bytes over its link
     reshard_s: float  # restart + transfer
-    checkpoint_restart_s: float  # restart + checkpoint read
+    checkpoint_write_s: float
+    checkpoint_read_s: float
+    checkpoint_restart_s: float  # checkpoint write (planned) + restart + checkpoint read
     checkpoint_bytes: float
     replicas_survive_loss: bool  # every shard has a live replica after losing chips (dp replication)
     recommended: str  # 'reshard' or 'checkpoint'
@@ -109,10 +115,11 @@ def moved_bytes(old: dict[str, tuple[float, int]], new: dict[str, tuple[float, i
     return max(per_rank), sum(per_rank) / len(per_rank)
 
 
-def link_for(chip: Chip, chips: int) -> tuple[float, str]:
-    """One-direction bandwidth a chip gets on the slowest level a `chips`-chip job spans, and that level's name."""
+def link_for(chip: Chip, chips: int, slices: int = 1) -> tuple[float, str]:
+    """One-direction bandwidth a chip gets on the slowest level a `chips`-chip job spans, and that level's name.
+    Multi-slice TPU jobs span DCN."""
     up = chip.scale_up
-    if len(chip.levels) == 1 or (up.domain_chips and chips <= up.domain_chips):
+    if len(chip.levels) == 1 or (slices == 1 and up.domain_chips and chips <= up.domain_chips):
         return up.bw_per_dir_Bps * chip.eff.link, up.name
     lvl = chip.levels[-1]
     return lvl.bw_per_dir_Bps * chip.eff.net, lvl.name
@@ -126,31 +133,37 @@ def reshard_cost(m: ModelSpec, chip: Chip, old_job: Job, old_plan: Plan, new_job
     mp_new = new_plan.tp * new_plan.pp * new_plan.ep * new_plan.cp
     mp_old = old_plan.tp * old_plan.pp * old_plan.ep * old_plan.cp
     busiest, mean = moved_bytes(old, new, old_plan.chips // mp_old, new_plan.chips // mp_new, same)
-    bw, level = link_for(chip, max(old_plan.chips, new_plan.chips))
+    bw, level = link_for(chip, max(old_plan.chips, new_plan.chips), max(old_plan.slices, new_plan.slices))
     ck = checkpoint_size(m, chip, new_job, new_plan)
     n = new_plan.chips
     restore = ck.total_bytes / ckpt_bandwidth(rel.ckpt_read_Bps, rel.ckpt_aggregate_Bps, n)
-    reshard_s = rel.restart_s + busiest / bw
-    ckpt_s = rel.restart_s + restore
+    write = ck.total_bytes / ckpt_bandwidth(rel.ckpt_write_Bps, rel.ckpt_aggregate_Bps, old_plan.chips)
+    transfer = busiest / bw
+    reshard_s = rel.restart_s + transfer
+    ckpt_s = rel.restart_s + write + restore  # planned: write a fresh checkpoint, restart, read it back
     replicas = old_plan.dp > 1 and old_plan.zero == 0
     return Reshard(
         old_state_bytes_per_chip=sum(b for b, _ in old.values()),
         new_state_bytes_per_chip=sum(b for b, _ in new.values()),
-        moved_bytes_per_chip=busiest, moved_bytes_total=mean * n, link_Bps=bw, level=level, reshard_s=reshard_s,
-        checkpoint_restart_s=ckpt_s, checkpoint_bytes=ck.total_bytes, replicas_survive_loss=replicas,
+        moved_bytes_per_chip=busiest, moved_bytes_total=mean * n, link_Bps=bw, level=level, transfer_s=transfer,
+        reshard_s=reshard_s, checkpoint_write_s=write, checkpoint_read_s=restore, checkpoint_restart_s=ckpt_s,
+        checkpoint_bytes=ck.total_bytes, replicas_survive_loss=replicas,
         recommended="reshard" if reshard_s <= ckpt_s else "checkpoint")
 
 
 # ---- the search at the new count -----------------------------------------------------------------------------
 
-def batch_options(global_batch: int, chips: int, tries: int = MAX_BATCH_TRIES) -> list[int]:
-    """The old batch first, then the nearest batches divisible by some batch-shard count of `chips`."""
+def batch_options(global_batch: int, chips: int, min_shards: int = 1, tries: int = MAX_BATCH_TRIES,
+                  max_change: float = MAX_BATCH_CHANGE) -> list[int]:
+    """The nearest batches other than `global_batch` divisible by a batch-shard count s of `chips`
+    (s >= min_shards), within max_change of it, nearest first (ties: the smaller)."""
     near: set[int] = set()
     for s in divisors(chips):
+        if s < min_shards:
+            continue
         lo = (global_batch // s) * s
-        near.update(b for b in (lo, lo + s) if b >= 1)
-    rest = sorted(near - {global_batch}, key=lambda b: (abs(b - global_batch), b))
-    return [global_batch] + rest[: tries - 1]
+        near.update(b for b in (lo, lo + s) if b >= 1 and abs(b - global_batch) <= max_change * global_batch)
+    return sorted(near - {global_batch}, key=lambda b: (abs(b - global_batch), b))[:tries]
 
 
 def _search_best(m: ModelSpec, chip: Chip, job: Job, chips: int) -> tuple[Plan, Cost] | None:
@@ -200,17 +213,31 @@ def replan(m: ModelSpec, chip: Chip, job: Job, old_plan: Plan, new_chips: int, r
             import planner.solve  # noqa: F401
         except ImportError:
             use_search = False
-    found = None
-    mp = old_plan.tp * old_plan.cp * old_plan.pp * old_plan.ep
-    shard_base = new_chips if use_search or new_chips % mp else new_chips // mp
-    for b in batch_options(job.global_batch, shard_base):
-        j = replace(job, global_batch=b)
-        found = _search_best(m, chip, j, new_chips) if use_search else _scaled_best(m, chip, j, new_chips, old_plan)
-        if found is not None:
-            break
+    search = (lambda j: _search_best(m, chip, j, new_chips)) if use_search else \
+        (lambda j: _scaled_best(m, chip, j, new_chips, old_plan))
+    b = job.global_batch
+    found = search(job)
+    if found is None:
+        # Nearest batches whose shard count leaves at most the model-parallel limit per sequence.
+        from planner.candidates import Constraints, model_parallel_limit
+
+        mp = old_plan.tp * old_plan.cp * old_plan.pp * old_plan.ep
+        if use_search:
+            limit = model_parallel_limit(m, chip, job, new_chips, Constraints()) or 1
+            base, min_shards = new_chips, max(1, new_chips // limit)
+        else:
+            base, min_shards = (new_chips // mp if new_chips % mp == 0 else new_chips), 1
+        tried = []
+        for bb in batch_options(job.global_batch, base, min_shards):
+            r = search(replace(job, global_batch=bb))
+            if r is not None:
+                tried.append((bb, r))
+        if tried:
+            best_tps = max(r[1].tokens_per_s for _, r in tried)
+            b, found = next((bb, r) for bb, r in tried if r[1].tokens_per_s >= NEAR_BEST * best_tps)
     if found is None:
         raise InputError(f"--chips: no plan for {m.name} fits on {new_chips} x {chip.name} at global batch "
-                         f"{job.global_batch} or the {MAX_BATCH_TRIES - 1} nearest usable batches")
+                         f"{job.global_batch} or any usable batch within {MAX_BATCH_CHANGE * 100:g}% of it")
     plan, cost = found
     new_job = replace(job, global_batch=b)
     kept = b == job.global_batch

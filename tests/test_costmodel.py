@@ -73,8 +73,10 @@ def test_memory_by_hand_fsdp_maxtext():
     # no accumulator at accum=1.
     b = mem.breakdown
     assert b["weights"] + b["gradients"] + b["optimizer"] == pytest.approx(18 * mem.param_elems)
-    # Full remat keeps only the layer input: d bf16 values per token per layer.
-    assert b["activations"] == pytest.approx(4 * 128 * 256 * 2)
+    # Full remat keeps the layer input, and XLA a second residual-stream tensor beside it: 2 x d bf16 values per
+    # token per layer (MaxText convention).
+    assert b["activations"] == pytest.approx(4 * 128 * 256 * 2 * 2)
+    assert b["logits"] == pytest.approx(128 * 1000 * 4)
 
 
 def test_megatron_convention_and_zero1():

@@ -319,3 +319,16 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, words):
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.stderr
+
+
+def test_cli_sweep_with_the_planner_search(tmp_path):
+    pytest.importorskip("planner.solve")
+    out, fig = tmp_path / "s.csv", tmp_path / "s.png"
+    r = run_cli("sweep", "--model", "llama3-8b", "--hardware", "tpu-v5p", "--vary", "chips=8,16",
+                "--vary", "global_batch=32,48", "--out", str(out), "--plot", str(fig), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [(x["chips"], x["global_batch"]) for x in rows] == [(8, 32), (8, 48), (16, 32), (16, 48)]
+    assert all(x["feasible"] for x in rows[:3]) and not rows[3]["feasible"] and rows[3]["reason"]
+    assert all(x["dp"] * x["fsdp"] * x["tp"] * x["cp"] * x["pp"] * x["ep"] == x["chips"] for x in rows[:3])
+    assert out.read_text().count("\n") == 5 and fig.stat().st_size > 1000

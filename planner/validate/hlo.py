@@ -1,0 +1,124 @@
+"""Read what XLA says a compiled step costs: memory, FLOPs, and every collective in the optimized HLO.
+
+Collective bytes use the cost model's convention (costmodel.cost.Collective.bytes_each): the full, unsharded
+buffer on one device, i.e. all-reduce: its buffer; all-gather: the gathered output; reduce-scatter: the input
+(output x group size); all-to-all and collective-permute: the buffer sent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+               "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_OP_RE = re.compile(r"=\s*(?P<type>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+                    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
+_SHAPE_RE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+
+
+@dataclass(frozen=True)
+class HloCollective:
+    kind: str
+    bytes: float  # cost-model convention, see the module docstring
+    group_size: int
+    axes: str  # mesh axes the group spans, '+'-joined ('' if it could not be told)
+    line: str
+
+
+def shape_bytes(text: str) -> int:
+    total = 0
+    for dt, dims in _SHAPE_RE.findall(text):
+        if dt not in DTYPE_BYTES:
+            continue
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * DTYPE_BYTES[dt]
+    return total
+
+
+def _groups(line: str) -> list[list[int]]:
+    m = re.search(r"replica_groups=\{(\{[0-9,{} ]*\})\}", line)
+    if m:
+        return [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([0-9, ]*)\}", m.group(1))]
+    m = re.search(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", line)
+    if m:
+        shape = [int(x) for x in m.group(1).split(",")]
+        dims = [int(x) for x in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        return ids.reshape(shape[0], -1).tolist()
+    m = re.search(r"source_target_pairs=\{(.*?)\}\}", line)
+    if m:
+        return [[int(x) for x in p.split(",")] for p in re.findall(r"\{([0-9,]+)\}", m.group(0))]
+    return []
+
+
+def _axes(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
+    if not groups or not groups[0]:
+        return ""
+    names, sizes = list(mesh_shape), list(mesh_shape.values())
+    coords = np.array(np.unravel_index(np.asarray(groups[0]), sizes)).T  # [members, axes]
+    varying = [names[i] for i in range(len(names)) if len(set(coords[:, i])) > 1]
+    return "+".join(varying)
+
+
+def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[HloCollective]:
+    out = []
+    for line in hlo_text.splitlines():
+        m = _OP_RE.search(line)
+        if not m or "-done" in line.split("=")[0]:
+            continue
+        kind, typ = m.group("op"), m.group("type")
+        nbytes = shape_bytes(typ)
+        if m.group("start") and typ.startswith("("):
+            # async start: a tuple of (operands..., results...); count the results half
+            parts = _SHAPE_RE.findall(typ)
+            half = parts[len(parts) // 2:]
+            nbytes = shape_bytes(" ".join(f"{d}[{s}]" for d, s in half))
+        groups = _groups(line)
+        size = len(groups[0]) if groups else 1
+        if kind == "collective-permute":
+            size = 2
+        if kind == "reduce-scatter":
+            nbytes *= size
+        out.append(HloCollective(kind, float(nbytes), size, _axes(groups, mesh_shape) if kind != "collective-permute"
+                                 else _permute_axes(groups, mesh_shape), line.strip()[:200]))
+    return out
+
+
+def _permute_axes(pairs: list[list[int]], mesh_shape: dict[str, int]) -> str:
+    flat = sorted({i for p in pairs for i in p})
+    return _axes([flat], mesh_shape)
+
+
+def ring_traffic(kind: str, nbytes: float, n: int) -> float:
+    """Bytes one device sends in a ring implementation (what bandwidth-bound time is proportional to)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n * nbytes
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (n - 1) / n * nbytes
+    return nbytes
+
+
+def flops(compiled) -> float:
+    ca = compiled.cost_analysis()
+    if isinstance(ca, list | tuple):
+        ca = ca[0] if ca else {}
+    return float((ca or {}).get("flops", 0.0))
+
+
+def memory(compiled) -> dict[str, float]:
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return {}
+    d = {k: float(getattr(ma, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
+    d["peak"] = d["argument"] + d["output"] + d["temp"] - d["alias"]
+    return d
