@@ -24,7 +24,7 @@ from costmodel.model import ModelSpec
 from costmodel.plan import REMAT_POLICIES, Plan, Remat
 from hardware.catalog import load_hardware
 from hardware.chip import Chip
-from hardware.errors import InputError
+from hardware.errors import InputError, did_you_mean
 from hardware.yamlio import MAX_FILE_BYTES, read_yaml
 from planner.export_maxtext import AXIS_KEYS, MAXTEXT_POLICIES, TOPOLOGY
 from planner.planfile import PlanFile, same_shape
@@ -96,6 +96,7 @@ MT_DEFAULTS: dict[str, Any] = {
     "decoder_layer_input": "device", "query_proj": "remat", "key_proj": "remat", "value_proj": "remat",
     "context": "remat", "out_proj": "remat", "mlpwi": "remat", "mlpwi_0": "remat", "mlpwi_1": "remat",
     "mlpwo": "remat",
+    "ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,  # the auto axes; every other mesh degree defaults to 1
 }
 # MaxText mesh stems folded into our axes; others must be 1.
 MT_AXES = {"data": "dp", "fsdp": "fsdp", "fsdp_transpose": "fsdp", "tensor": "tp", "tensor_sequence": "tp",
@@ -108,6 +109,15 @@ MT_MODEL_NAMES = {"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b", "lla
                   "deepseek2-236b": "deepseek-v2-236b"}
 MODEL_SHAPE_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
                     "base_num_decoder_layers")
+
+
+KEYS_FILE = Path(__file__).with_name("maxtext_0_2_5_keys.txt")
+
+
+def maxtext_key_names() -> frozenset[str]:
+    """Top-level key names of maxtext 0.2.5 base.yml (MaxText refuses any other key)."""
+    lines = KEYS_FILE.read_text().splitlines()
+    return frozenset(ln.strip() for ln in lines if ln.strip() and not ln.startswith("#"))
 
 
 class _Keys:
@@ -281,6 +291,11 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
     hints = _hints(text)
     k = _Keys(data, where)
     notes: list[str] = []
+    known = maxtext_key_names()
+    for key in data:
+        if key not in known:
+            raise InputError(f"{where}: key {str(key)!r} is not a MaxText 0.2.5 config key"
+                             f"{did_you_mean(str(key), known)}")
     for stem in MT_UNSUPPORTED_AXES:
         for level in ("ici", "dcn"):
             key = f"{level}_{stem}_parallelism"

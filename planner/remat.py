@@ -11,11 +11,13 @@ How (identical layers share one decision, so there are only 6 tensors + 2 switch
                                                                               hidden behind backward + recompute)
             + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
                                                                               each layer's forward / backward)
-     HBM   = R0 + w_o*o + w_p*p + act(KS),  KS = B + sum_t sigma_t*D_t + xi*NR - zeta*NR*D_mlp_out
+     HBM   = R0 + w_o*o + w_p*p + act(KS),  KS = B + xi*NR + sum_t (b_t if NR else a_t) * D_t
              act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage)
      host  = sum_t eta_t*O_t + h_o*o + h_p*p
    R/D/O_t: tensor t recomputed / kept / offloaded; A: any tensor whose remat reruns an op (memory-bound ops
-   then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too).
+   then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too, and
+   a kept tensor may cost a different amount: b_t vs a_t, e.g. XLA's companion buffers next to MaxText
+   checkpoints exist only when something is recomputed).
    The only numbers not read off probes are structural: `overlap` (chip.eff.overlap), the per-layer forward
    and backward times that hide offload traffic (costmodel.estimate.stage_times), and the pipeline's in-flight
    micro-batch count. The surrogate is checked against all probes; if it misses any by more than 1e-9
@@ -148,9 +150,9 @@ class Surrogate:
     w_o: float = 0.0
     w_p: float = 0.0
     B: float = 0.0
-    sigma: dict[str, float] = field(default_factory=dict)
+    a: dict[str, float] = field(default_factory=dict)  # bytes per kept tensor when something is recomputed
+    b: dict[str, float] = field(default_factory=dict)  # ... when nothing is
     xi: float = 0.0
-    zeta: float = 0.0
     logits: float = 0.0
     inflight: float = 1.0
     eta: dict[str, float] = field(default_factory=dict)
@@ -174,8 +176,8 @@ class Surrogate:
     def ks(self, ch: Choice) -> float:
         c = ch.remat.choices()
         nr = not any(c[t] == "remat" for t in TENSORS)
-        return self.B + sum(self.sigma[t] for t in TENSORS if c[t] == "device") + self.xi * nr \
-            - self.zeta * (nr and c["mlp_out"] == "device")
+        coef = self.b if nr else self.a
+        return self.B + self.xi * nr + sum(coef[t] for t in TENSORS if c[t] == "device")
 
     def hbm(self, ch: Choice) -> float:
         rest = self.R0 + self.w_o * ch.offload_optimizer + self.w_p * ch.offload_params
@@ -241,15 +243,20 @@ class Surrogate:
                 h = P.int(0, top)
                 P.add([(h, 1)] + [(O[t], -ns(self.n_tau.get(t, 0.0))) for t in TENSORS], lb=-ns(nc))
                 obj.append((h, 1))
-        # NR = no tensor recomputed; NRD = NR and mlp_out kept on device.
-        nr, nrd = P.bool(), P.bool()
+        # NR = no tensor recomputed; Y_t = NR and t kept on device (exact links).
+        nr = P.bool()
         for t in RECOMPUTABLE:
             P.add([(nr, 1), (R[t], 1)], ub=1)
         P.add([(nr, 1)] + [(R[t], 1) for t in RECOMPUTABLE], lb=1)
-        P.add([(nrd, 1), (nr, -1)], ub=0)
-        P.add([(nrd, 1), (D["mlp_out"], -1)], ub=0)
-        P.add([(nrd, 1), (nr, -1), (D["mlp_out"], -1)], lb=-1)
-        ks = [(D[t], round(self.sigma[t])) for t in TENSORS] + [(nr, round(self.xi)), (nrd, -round(self.zeta))]
+        ks = [(nr, round(self.xi))]
+        for t in TENSORS:
+            ks.append((D[t], round(self.a[t])))
+            if round(self.b[t]) != round(self.a[t]):
+                y = P.bool()
+                P.add([(y, 1), (nr, -1)], ub=0)
+                P.add([(y, 1), (D[t], -1)], ub=0)
+                P.add([(y, 1), (nr, -1), (D[t], -1)], lb=-1)
+                ks.append((y, round(self.b[t]) - round(self.a[t])))
         rest = [(o, round(self.w_o)), (p, round(self.w_p))]
         cap = math.floor(self.usable_hbm - self.R0 - self.B)
         if self.mesh.pp == 1:
@@ -278,9 +285,13 @@ def evaluate(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch: Choice) -> Cost
     return estimate(m, chip, job, mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params))
 
 
-def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = None) -> Surrogate:
-    """Build and check the surrogate for one mesh from 15 estimate() calls (14 when `base` is the 'none' probe)."""
+def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = None,
+          low: tuple[Choice, Cost] | None = None) -> Surrogate:
+    """Build and check the surrogate for one mesh from 15 estimate() calls, fewer when `base` (the 'none' probe)
+    or `low` (layer input offloaded, the rest recomputed, any optimizer/parameter offload) are given."""
     ev = {}
+    if low is not None:
+        ev[low[0]] = low[1]
 
     def run(ch: Choice) -> Cost:
         ev[ch] = evaluate(m, chip, job, mesh, ch)
@@ -324,7 +335,11 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
     s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
-    c_min = run(_choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat")))
+    least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
+    if low is not None and low[0].remat.choices() == least.remat.choices():
+        c_min = low[1]
+    else:
+        c_min = run(least)
     s.logits = c_min.memory.get("logits", 0.0)
     if mesh.pp > 1:
         accum = c0.grad_accum
@@ -337,13 +352,16 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
             return c.memory.get("activations", 0.0) / s.inflight
         return c.memory.get("activations", 0.0)
 
+    # Nothing recomputed (NR = 1): 'none' and each tensor alone offloaded give b_t, then xi.
     k0 = ks(c0)
-    s.sigma = {t: k0 - ks(po[t]) for t in TENSORS if t != "mlp_out"}
-    xi_minus_zeta = k0 - ks(pr["qkv_proj"]) - s.sigma["qkv_proj"]
-    s.sigma["mlp_out"] = k0 - ks(pr["mlp_out"]) - xi_minus_zeta
-    s.zeta = s.sigma["mlp_out"] - (k0 - ks(po["mlp_out"]))
-    s.xi = xi_minus_zeta + s.zeta
-    s.B = k0 - sum(s.sigma.values()) - s.xi + s.zeta
+    s.B = ks(c_min)  # layer input offloaded, the rest recomputed: no tensor kept
+    s.b = {t: k0 - ks(po[t]) for t in TENSORS}
+    s.xi = k0 - s.B - sum(s.b.values())
+    # Something recomputed (NR = 0): 'full' keeps only the layer input; each single-remat probe keeps all but one.
+    s.a = {"layer_input": ks(c_full) - s.B}
+    kept = {t: ks(pr[t]) - s.B for t in RECOMPUTABLE}  # = sum of a over the other five tensors
+    total = (sum(kept.values()) - s.a["layer_input"]) / (len(RECOMPUTABLE) - 1)
+    s.a.update({t: total - kept[t] for t in RECOMPUTABLE})
 
     for ch, cost in ev.items():
         s.check(ch, cost)
@@ -388,8 +406,8 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
     c_min = evaluate(m, chip, job, mesh, ch_min)
     if c_min.peak_memory_bytes > chip.usable_hbm_bytes:
         return MeshResult(mesh, None, None, c_min.peak_memory_bytes, 1)
-    s = probe(m, chip, job, mesh, base)
-    n_est = 16 - (base is not None)
+    s = probe(m, chip, job, mesh, base, (ch_min, c_min))
+    n_est = 1 + len(RECOMPUTABLE) + len(TENSORS) + 3 + (base is None)
     if not s.exact:
         r = brute_force(m, chip, job, mesh, cons)
         r.estimates += n_est

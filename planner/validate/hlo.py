@@ -15,7 +15,7 @@ import numpy as np
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_OP_RE = re.compile(r"=\s*(?P<type>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+_OP_RE = re.compile(r"=\s*(?P<type>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
                     r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
 _SHAPE_RE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 
@@ -42,6 +42,19 @@ def shape_bytes(text: str) -> int:
 
 
 def _groups(line: str) -> list[list[int]]:
+    # mesh['axis_0'=8,'axis_1'=1] {'axis_0'}: devices numbered row-major over the named dims; a group spans the
+    # braced axes (only the group holding device 0 is built: enough to tell the axes and the size)
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](T\([0-9,]+\))?\s*\{([^}]*)\}", line)
+    if m:
+        dims = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        names, sizes = [n for n, _ in dims], [int(v) for _, v in dims]
+        ids = np.arange(int(np.prod(sizes))).reshape(sizes)
+        if m.group(2):
+            perm = [int(x) for x in m.group(2)[2:-1].split(",")]
+            ids, names = ids.transpose(perm), [names[i] for i in perm]
+        inside = set(re.findall(r"'([^']+)'", m.group(3)))
+        index = tuple(slice(None) if n in inside else 0 for n in names)
+        return [ids[index].reshape(-1).tolist()]
     m = re.search(r"replica_groups=\{(\{[0-9,{} ]*\})\}", line)
     if m:
         return [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([0-9, ]*)\}", m.group(1))]

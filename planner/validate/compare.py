@@ -1,0 +1,230 @@
+"""Hold the cost model against XLA: compile a plan's step ahead of time, read XLA's figures, time real steps.
+
+For each plan: scale the model down (planner.validate.scale), build the sharded JAX step (planner.validate.model),
+`jit(...).lower(...).compile()`, read memory_analysis(), cost_analysis() FLOPs and the collectives of the
+optimized HLO, and run a few steps. The cost model (costmodel.estimate) costs the same scaled-down job; the
+validator computes in fp32 (XLA:CPU upcasts bf16 dots to f32 anyway, which would double every activation and
+gathered-weight buffer behind the cost model's back), so the prediction is taken with 4-byte activations and
+gathered weights and without MaxText's separate bf16 compute copy of the weights (an fp32 cast is a no-op).
+
+Implementation adjustments (each check's `note` says which apply):
+  * flops: the validator's attention is dense (it computes the masked half of the causal score/context
+    matmuls, which the cost model - modelling flash attention - does not count); that half is added.
+  * collective bytes: XLA:CPU has no reduce-scatter creator, so a reduce-scatter appears as an all-reduce
+    followed by a slice; on CPU the two kinds are compared as one quantity 'all-reduce+reduce-scatter'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from costmodel.cost import Cost
+from costmodel.estimate import estimate
+from costmodel.flops import layer_ops
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import Plan
+from hardware.chip import Chip
+from planner.validate.scale import Scale, check_devices, scale_down
+
+TOLERANCE_PCT = {"flops": 3.0, "memory_bytes": 10.0, "state_bytes": 10.0, "temp_bytes": 10.0,
+                 "collective_bytes": 10.0, "step_time_s": 15.0}
+
+
+@dataclass
+class Check:
+    plan: str
+    quantity: str
+    predicted: float
+    xla: float | None
+    error_pct: float | None
+    ok: bool
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan, "quantity": self.quantity, "predicted": self.predicted, "xla": self.xla,
+                "error_pct": self.error_pct, "ok": self.ok, **({"note": self.note} if self.note else {})}
+
+
+@dataclass
+class PlanResult:
+    name: str
+    plan: Plan
+    checks: list[Check] = field(default_factory=list)
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+    compile_s: float = 0.0
+    step_times_s: list[float] = field(default_factory=list)
+    predicted_step_s: float = 0.0
+    model: ModelSpec | None = None
+    job: Job | None = None
+    xla: dict = field(default_factory=dict)
+
+    @property
+    def measured_step_s(self) -> float:
+        return statistics.median(self.step_times_s) if self.step_times_s else float("nan")
+
+
+@contextlib.contextmanager
+def activation_bytes(n: int):
+    """Cost the job with `n`-byte activations and gathered weights (the cost model's BF16 constants)."""
+    import costmodel.estimate as ce
+    import costmodel.memory as cm
+
+    old = ce.BF16, cm.BF16
+    ce.BF16 = cm.BF16 = n
+    try:
+        yield
+    finally:
+        ce.BF16, cm.BF16 = old
+
+
+def predict(m: ModelSpec, chip: Chip, job: Job, plan: Plan, act_bytes: int = 4) -> Cost:
+    with activation_bytes(act_bytes):
+        return estimate(m, chip, job, plan)
+
+
+def masked_attention_flops(m: ModelSpec, job: Job, plan: Plan) -> float:
+    """Per-device FLOPs of the masked half of causal attention that a dense (non-flash) implementation computes:
+    forward, backward (2x) and the recompute when the context is rematerialised."""
+    tokens = plan.micro_batch * job.seq_len / plan.cp
+    fwd = sum(op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, False) if op.is_attention)
+    recompute = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
+    # causal counts s/2 keys per query; dense computes s: the extra equals the counted amount
+    return m.n_layers * fwd * (3 + recompute)
+
+
+def error_pct(pred: float, xla: float) -> float | None:
+    if xla == 0:
+        return 0.0 if pred == 0 else None
+    return (pred - xla) / xla * 100
+
+
+def _check(name: str, quantity: str, pred: float, xla: float | None, note: str = "") -> Check:
+    tol = TOLERANCE_PCT[quantity.split(":")[0]]
+    err = None if xla is None else error_pct(pred, xla)
+    if xla is not None and xla == 0 and pred == 0:
+        err = 0.0
+    ok = err is not None and abs(err) <= tol
+    return Check(name, quantity, float(pred), None if xla is None else float(xla), err, ok, note)
+
+
+def predicted_collectives(cost: Cost, plan: Plan, merge_rs: bool) -> dict[str, tuple[float, str]]:
+    """Bytes per step per HLO collective kind, from the cost model's collectives (host traffic excluded)."""
+    out: dict[str, float] = {}
+    notes: dict[str, set[str]] = {}
+
+    def add(kind: str, nbytes: float, why: str) -> None:
+        if merge_rs and kind in ("all-reduce", "reduce-scatter"):
+            kind = "all-reduce+reduce-scatter"
+        out[kind] = out.get(kind, 0.0) + nbytes
+        notes.setdefault(kind, set()).add(why)
+
+    for c in cost.collectives:
+        if c.axis == "host":
+            continue
+        total = c.count * c.bytes_each
+        kind = {"p2p": "collective-permute"}.get(c.kind, c.kind)
+        split = (c.axis == "tp" and plan.sequence_parallel) or (c.axis == "dp" and plan.zero in (1, 2))
+        if kind == "all-reduce" and split:
+            # the cost model counts RS+AG as one all-reduce of the same ring traffic
+            add("reduce-scatter", total, f"{c.axis} {c.purpose}")
+            add("all-gather", total, f"{c.axis} {c.purpose}")
+        else:
+            add(kind, total, f"{c.axis} {c.purpose}")
+    return {k: (v, ", ".join(sorted(notes[k]))) for k, v in out.items()}
+
+
+def run_plan(name: str, m_full: ModelSpec, plan: Plan, chip: Chip, devices: int = 8, steps: int = 3,
+             scale: Scale = Scale(), time_steps: bool = True, compute_dtype: str = "float32") -> PlanResult:
+    """Validate one plan; errors (bad input, compile failures) land in `result.error`, not as exceptions."""
+    res = PlanResult(name, plan)
+    try:
+        check_devices(plan, devices)
+        small, job, notes = scale_down(m_full, plan, scale)
+        res.model, res.job, res.notes = small, job, notes
+        _run(res, small, job, plan, chip, steps, time_steps, compute_dtype)
+    except Exception as e:  # reported per plan; the other plans still run
+        res.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    return res
+
+
+def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, steps: int, time_steps: bool,
+         compute_dtype: str) -> None:
+    import jax
+
+    from planner.validate import hlo
+    from planner.validate.model import Setup, build_step, make_mesh
+
+    cfg = Setup(small, plan, job.seq_len, job.global_batch, compute_dtype)
+    step = build_step(cfg, make_mesh(plan))
+    t0 = time.perf_counter()
+    compiled = step.fn.lower(*step.abstract_inputs()).compile()
+    res.compile_s = time.perf_counter() - t0
+    mem = hlo.memory(compiled)
+    flops = hlo.flops(compiled)
+    platform = jax.devices()[0].platform
+    colls = hlo.collectives(compiled.as_text(), dict(step.mesh.shape))
+    merge = platform == "cpu"
+    xla_coll: dict[str, float] = {}
+    by_axis: dict[str, float] = {}
+    for c in colls:
+        kind = "all-reduce+reduce-scatter" if merge and c.kind in ("all-reduce", "reduce-scatter") else c.kind
+        xla_coll[kind] = xla_coll.get(kind, 0.0) + c.bytes
+        by_axis[f"{c.kind}@{c.axes or '?'}"] = by_axis.get(f"{c.kind}@{c.axes or '?'}", 0.0) + c.bytes
+    res.xla = {"memory": mem, "flops": flops, "collectives_by_axis": by_axis, "platform": platform}
+
+    act_bytes = 4 if compute_dtype == "float32" else 2
+    cost = predict(small, chip, job, plan, act_bytes)
+    res.predicted_step_s = cost.step_time_s
+    name = res.name
+    # FLOPs per device
+    extra = masked_attention_flops(small, job, plan)
+    res.checks.append(_check(name, "flops", cost.hardware_flops_per_step / plan.chips + extra, flops,
+                             f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + dense-attention "
+                             f"masked half {extra:.4g}"))
+    # Memory per device
+    b = cost.memory
+    working_copy = 0.0
+    if compute_dtype == "float32":
+        working_copy = b["weights"] - _param_bytes(cost, act_bytes)
+    batch_bytes = 2 * job.global_batch * job.seq_len * 4 / (plan.batch_shards * plan.cp)
+    state_pred = b["weights"] - working_copy + b["optimizer"]
+    state_xla = mem["argument"] - batch_bytes - 4  # minus tokens, targets and the step counter
+    peak_pred = cost.peak_memory_bytes - working_copy
+    res.checks.append(_check(name, "memory_bytes", peak_pred, mem["peak"],
+                             "XLA: argument + output + temp - alias; prediction without the bf16 compute copy"
+                             if working_copy else "XLA: argument + output + temp - alias"))
+    res.checks.append(_check(name, "state_bytes", state_pred, state_xla, "fp32 weights + Adam moments"))
+    res.checks.append(_check(name, "temp_bytes", peak_pred - state_pred, mem["temp"] + mem["output"] - mem["alias"],
+                             "gradients, activations, logits, gathered weights (XLA temp + unaliased output)"))
+    # Collectives per kind
+    pred_coll = predicted_collectives(cost, plan, merge)
+    for kind in sorted(set(pred_coll) | set(xla_coll)):
+        pv, why = pred_coll.get(kind, (0.0, "not predicted"))
+        note = f"predicted from: {why}" if kind in pred_coll else "not in the cost model"
+        if merge and kind == "all-reduce+reduce-scatter":
+            note += "; XLA:CPU emits reduce-scatter as all-reduce + slice"
+        res.checks.append(_check(name, f"collective_bytes:{kind}", pv, xla_coll.get(kind, 0.0), note))
+
+    if time_steps and steps > 0:
+        params, opt, tokens, targets = step.inputs()
+        params, opt, loss = compiled(params, opt, tokens, targets)  # warm-up
+        jax.block_until_ready(loss)
+        for _ in range(steps):
+            t = time.perf_counter()
+            params, opt, loss = compiled(params, opt, tokens, targets)
+            jax.block_until_ready(loss)
+            res.step_times_s.append(time.perf_counter() - t)
+        res.checks.append(_check(name, "step_time_s", cost.step_time_s, res.measured_step_s,
+                                 f"{chip.name} profile, median of {steps} steps after warm-up"))
+
+
+def _param_bytes(cost: Cost, act_bytes: int) -> float:
+    """fp32 weight bytes on this chip: weights = params * (4 + act_bytes) under MaxText's convention (fp32 weights
+    plus the compute copy)."""
+    w = cost.memory["weights"]
+    return w * 4 / (4 + act_bytes) if cost.convention == "maxtext" else w

@@ -1,0 +1,34 @@
+"""Named plan sets for `planner validate --set` and benchmarks/validate_cpu.py (8 CPU devices)."""
+
+from __future__ import annotations
+
+from costmodel.plan import Plan, remat_policy
+
+R = remat_policy
+
+
+def _p(**kw) -> Plan:
+    remat = kw.pop("remat", "full")
+    return Plan(remat=R(remat), **kw)
+
+
+# (name, model preset, plan). Dense plans use llama3-8b's shape family (GQA, SwiGLU); MoE plans mixtral-8x7b's.
+PLAN_SETS: dict[str, list[tuple[str, str, Plan]]] = {
+    "quick": [
+        ("fsdp4-dp2-full", "llama3-8b", _p(dp=2, fsdp=4)),
+        ("tp4-sp-dp2-selective", "llama3-8b", _p(dp=2, tp=4, remat="selective")),
+        ("cp2-fsdp4-none", "llama3-8b", _p(fsdp=4, cp=2, remat="none")),
+    ],
+    "cpu8": [
+        ("dp8-full", "llama3-8b", _p(dp=8)),
+        ("fsdp8-none", "llama3-8b", _p(fsdp=8, remat="none")),
+        ("fsdp8-full", "llama3-8b", _p(fsdp=8)),
+        ("fsdp4-dp2-selective", "llama3-8b", _p(dp=2, fsdp=4, remat="selective")),
+        ("tp4-nosp-dp2-full", "llama3-8b", _p(dp=2, tp=4, sequence_parallel=False)),
+        ("tp4-sp-fsdp2-selective", "llama3-8b", _p(fsdp=2, tp=4, remat="selective")),
+        ("cp4-dp2-full", "llama3-8b", _p(dp=2, cp=4)),
+        ("cp2-fsdp4-none", "llama3-8b", _p(fsdp=4, cp=2, remat="none")),
+        ("moe-ep4-dp2-full", "mixtral-8x7b", _p(dp=2, ep=4)),
+        ("moe-ep2-fsdp2-tp2-none", "mixtral-8x7b", _p(fsdp=2, ep=2, tp=2, remat="none")),
+    ],
+}
