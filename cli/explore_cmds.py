@@ -197,6 +197,9 @@ def print_explanation(ex, console: Console | None = None) -> None:
                       "yes" if wc.fits else f"[red]no (+{wc.overflow_bytes / GIB:.1f})[/red]")
         console.print(w)
         for wi in ex.what_ifs:
+            if wi.detail:
+                console.print(f"[dim]{wi.label}: {wi.detail}[/dim]")
+        for wi in ex.what_ifs:
             if wi.cost is None:
                 console.print(f"[dim]skipped {wi.label}: {wi.error}[/dim]")
         best = ex.best_what_if

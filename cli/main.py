@@ -20,7 +20,7 @@ def fail(message: str) -> None:
 
 def _register() -> None:
     """Attach the command groups (each module adds its commands to `app`)."""
-    from cli import catalog_cmds, estimate_cmds, explore_cmds, goodput_cmds, plan_cmds, suggest_cmds  # noqa: F401
+    from cli import catalog_cmds, estimate_cmds, explore_cmds, goodput_cmds, plan_cmds, suggest_cmds, validate_cmds  # noqa: F401
 
 
 def main() -> None:

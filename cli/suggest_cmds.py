@@ -24,7 +24,8 @@ def parse_tokens(text: str | None) -> int | None:
         return None
     m = TOKENS_RE.match(text)
     if not m:
-        raise InputError(f"--tokens-per-batch: expected a positive number of tokens such as 4194304 or 4M, got {text!r}")
+        raise InputError(f"--tokens-per-batch: expected a positive number of tokens such as 4194304 or 4M, "
+                         f"got {text!r}")
     value = float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()]
     if value < 1:
         raise InputError(f"--tokens-per-batch: expected a positive number of tokens, got {text!r}")
@@ -108,12 +109,14 @@ def print_suggestion(s) -> None:
                   f"{c.peak_memory_bytes / GIB:.1f}/{c.hbm_usable_bytes / GIB:.1f}", c.dominant)
     console.print(t)
     st = s.stats
-    console.print(f"searched {st.candidates} mesh candidates: {st.infeasible} out of memory, {st.bounded} bounded, "
-                  f"{st.solved} solved with CP-SAT{' (exhaustive)' if st.exhaustive else ''}; "
+    console.print(f"searched {st.candidates} mesh candidates{' exhaustively' if st.exhaustive else ''}: "
+                  f"{st.infeasible} found not to fit, {st.bounded} costed for a bound, {st.solved} solved"
+                  f"{' by brute force' if st.brute_forced == st.solved else ' with CP-SAT'}; "
                   f"{st.estimates} cost-model calls")
     best = s.plans[0]
-    print_cost(best.cost, f"best plan: {degrees(best.plan)}, micro-batch {best.plan.micro_batch}, "
-               f"{fates(best.plan)}", console)
+    console.print(f"[bold]best plan[/bold]: {degrees(best.plan)}, micro-batch {best.plan.micro_batch} "
+                  f"x {best.cost.grad_accum} accumulation steps; {fates(best.plan)}")
+    print_cost(best.cost, "best plan", console)
     if len(s.plans) > 1:
         console.print("why #1: " + why_better(best, s.plans[1]))
 

@@ -233,9 +233,6 @@ def default_global_batch(chips: int, seq_len: int, tokens_per_batch: int | None 
 
 # ---- the candidates ----------------------------------------------------------------------------------------
 
-def _pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
 
 def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> dict[str, list[int]]:
     """Allowed degrees per model-parallel axis (tp, cp, pp, ep) before combining them."""

@@ -7,8 +7,9 @@
   * memory per chip by category against the usable HBM;
   * the bottleneck in one sentence (the largest term of the time breakdown, with the usual remedy);
   * what-ifs: the plan's nearest neighbours (tp x2 / /2 traded with fsdp or dp, pp x2 / /2, micro-batch x2 / /2,
-    remat one step lighter / heavier, one more slice, optimizer offload on/off), each costed; neighbours that
-    break a divisibility or layout rule are listed as skipped with the reason.
+    remat one step lighter / heavier, one more slice, optimizer offload on/off) plus the planner's own best
+    remat/offload assignment for the same mesh (planner/remat.py), each costed; neighbours that break a
+    divisibility or layout rule are listed as skipped with the reason.
 
 No I/O and no rendering here: the CLI prints an `Explanation` (or its `to_dict()`) and plots.py draws it.
 """
@@ -32,6 +33,7 @@ OP_GROUPS = {"qkv_proj": "attention projections", "out_proj": "attention project
              "attention": "attention core", "router": "MLP", "mlp_in": "MLP", "mlp_out": "MLP", "logits": "logits"}
 AXIS_NAMES = {"tp": "tensor-parallel", "fsdp": "FSDP", "dp": "data-parallel", "cp": "context-parallel",
               "pp": "pipeline", "ep": "expert-parallel"}
+PLANNER_WHAT_IF = "planner's remat/offload, same mesh"
 GROUP_LABELS = {"MLP": "MLP matmuls", "attention projections": "attention projections",
                 "attention core": "attention core", "logits": "logits matmul"}
 COLLECTIVE_PLURAL = {"all-gather": "all-gathers", "reduce-scatter": "reduce-scatters", "all-reduce": "all-reduces",
@@ -64,9 +66,12 @@ class WhatIf:
     cost: Cost | None = None
     error: str = ""
     delta_pct: float = 0.0  # step time change vs the base plan (negative = faster)
+    detail: str = ""  # what the change is when the label does not say (the planner's remat/offload choice)
 
     def to_dict(self) -> dict:
         d = {"label": self.label, "chips": self.chips, "plan": plan_brief(self.plan)}
+        if self.detail:
+            d["detail"] = self.detail
         if self.cost is None:
             return {**d, "skipped": self.error}
         c = self.cost
@@ -425,26 +430,58 @@ def neighbours(chip: Chip, job: Job, plan: Plan, chips: int) -> list[tuple[str, 
     return out
 
 
-def what_ifs(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int, base: Cost) -> list[WhatIf]:
-    """Cost every neighbour; rule-breaking ones come back with `error` set instead of a cost."""
+def best_remat_for_mesh(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> Plan | None:
+    """The same degrees and micro-batch with the planner's best remat/offload choice (planner/remat.py's CP-SAT
+    program), or None when no assignment fits."""
+    from planner.candidates import Constraints, Mesh
+    from planner.remat import solve_mesh
+
+    mesh = Mesh(dp=plan.dp, fsdp=plan.fsdp, tp=plan.tp, cp=plan.cp, pp=plan.pp, ep=plan.ep, vpp=plan.vpp,
+                micro_batch=plan.micro_batch, zero=plan.zero, slices=plan.slices)
+    r = solve_mesh(m, chip, job, mesh, Constraints())
+    if r.choice is None:
+        return None
+    return plan.with_(remat=r.choice.remat, offload_optimizer=r.choice.offload_optimizer,
+                      offload_params=r.choice.offload_params)
+
+
+def what_ifs(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int, base: Cost,
+             with_planner: bool = True) -> list[WhatIf]:
+    """Cost every neighbour; rule-breaking ones come back with `error` set instead of a cost.
+
+    with_planner: add the planner's best remat/offload assignment for the same mesh as one more what-if."""
     out = []
-    for label, p, n in neighbours(chip, job, plan, chips):
+    cands = neighbours(chip, job, plan, chips)
+    detail: dict[str, str] = {}
+    if with_planner:
+        try:
+            best = best_remat_for_mesh(m, chip, job, plan)
+        except InputError:
+            best = None
+        if best is not None and best != plan:
+            tag = best.remat.summary() + (" + optimizer offload" if best.offload_optimizer else "") + \
+                (" + parameter offload" if best.offload_params else "")
+            cands.append((PLANNER_WHAT_IF, best, chips))
+            detail = {PLANNER_WHAT_IF: tag}
+    for label, p, n in cands:
         try:
             c = estimate(m, chip, job, p, n)
         except InputError as e:
-            out.append(WhatIf(label, p, n, None, str(e)))
+            out.append(WhatIf(label, p, n, None, str(e), detail=detail.get(label, "")))
             continue
         delta = (c.step_time_s / base.step_time_s - 1) * 100 if base.step_time_s > 0 else math.nan
-        out.append(WhatIf(label, p, n, c, "", delta))
+        out.append(WhatIf(label, p, n, c, "", delta, detail.get(label, "")))
     return out
 
 
 def explain(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None = None,
-            with_what_ifs: bool = True) -> Explanation:
-    """Cost `plan` and explain it (see the module docstring). Raises InputError if the plan itself is invalid."""
+            with_what_ifs: bool = True, with_planner: bool = True) -> Explanation:
+    """Cost `plan` and explain it (see the module docstring). Raises InputError if the plan itself is invalid.
+
+    with_planner: include the planner's remat/offload choice for the same mesh among the what-ifs."""
     chips = plan.chips if chips is None else chips
     cost = estimate(m, chip, job, plan, chips)
     wf = waterfall(m, chip, job, plan, cost)
-    wi = what_ifs(m, chip, job, plan, chips, cost) if with_what_ifs else []
+    wi = what_ifs(m, chip, job, plan, chips, cost, with_planner) if with_what_ifs else []
     return Explanation(m.name, chip.name, chips, plan, cost, tuple(wf), dict(cost.memory),
                        bottleneck(cost, chip, job, plan), tuple(wi))

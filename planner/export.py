@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from costmodel.constraints import check_plan
+from costmodel.estimate import estimate
 from hardware.errors import InputError, unknown
 from planner.adapt import Adapted, cost_comparison
 from planner.export_maxtext import maxtext_text
@@ -33,7 +34,8 @@ def export_result(pf: PlanFile, fmt: str) -> Exported:
         raise unknown("export format", fmt, FORMATS)
     check_plan(pf.model, pf.hardware, pf.job, pf.plan, pf.chips)
     if fmt == "json":
-        return Exported(planfile_text(pf, "json"), Adapted(pf.plan, pf.job), ())
+        cost = estimate(pf.model, pf.hardware, pf.job, pf.plan, pf.chips)
+        return Exported(planfile_text(pf, "json", cost), Adapted(pf.plan, pf.job), ())
     text, ad = (maxtext_text if fmt == "maxtext" else megatron_text)(pf)
     warnings = [f"{fmt} export: {n}" for n in ad.notes]
     if ad.plan != pf.plan or ad.job != pf.job:

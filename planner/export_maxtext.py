@@ -288,9 +288,4 @@ def maxtext_text(pf: PlanFile) -> tuple[str, Adapted]:
     return "\n".join(lines) + "\n", ad
 
 
-def exported_remat_names() -> tuple[str, ...]:
-    """Every remat_policy value the exporter can write."""
-    return (*MAXTEXT_POLICIES, "custom")
-
-
 assert all(n in REMAT_POLICIES for n in MAXTEXT_POLICIES)

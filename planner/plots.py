@@ -57,8 +57,9 @@ def _save(fig, path: Path | None) -> None:
 def draw_explanation(ex: Explanation, axes=None):
     """Draw the step waterfall and memory bars of one Explanation on two matplotlib axes; returns the figure."""
     plt = _pyplot()
-    if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(13, 0.45 * max(len(ex.waterfall), len(ex.memory)) + 2.2),
+    own = axes is None
+    if own:
+        fig, axes = plt.subplots(1, 2, figsize=(14, 0.45 * max(len(ex.waterfall), len(ex.memory)) + 2.6),
                                  gridspec_kw={"width_ratios": [3, 2]})
     else:
         fig = axes[0].figure
@@ -76,22 +77,33 @@ def draw_explanation(ex: Explanation, axes=None):
     ax_t.set_yticks(y, labels, fontsize=8)
     ax_t.set_xlim(0, step * 1.35)
     ax_t.set_xlabel("seconds per step")
-    ax_t.set_title(f"{ex.model} on {ex.chips} x {ex.hardware}: step waterfall", fontsize=10)
+    name = f"{ex.model} on {ex.chips} x {ex.hardware}"
+    if own:
+        ax_t.set_title("step waterfall", fontsize=10)
+        fig.suptitle(name, fontsize=11)
+    else:  # drawn into someone else's figure (e.g. side by side in a notebook): name the plan on the axes
+        ax_t.set_title(f"{name}: step waterfall", fontsize=10)
 
     cats = [k for k, v in ex.memory.items() if v > 0]
     vals = [ex.memory[k] / GIB for k in cats]
-    ym = list(range(len(cats)))[::-1]
-    ax_m.barh(ym, vals, color=[MEMORY_COLORS.get(k, "#999999") for k in cats])
+    ym = list(range(1, len(cats) + 1))[::-1]
+    colors = [MEMORY_COLORS.get(k, "#999999") for k in cats]
+    ax_m.barh(ym, vals, color=colors)
     for yi, v in zip(ym, vals, strict=True):
         ax_m.text(v, yi, f" {v:.1f}", va="center", fontsize=8)
     usable = ex.cost.hbm_usable_bytes / GIB
     peak = ex.cost.peak_memory_bytes / GIB
+    left = 0.0
+    for v, c in zip(vals, colors, strict=True):  # the categories stacked: the total against capacity
+        ax_m.barh(0, v, left=left, color=c)
+        left += v
+    ax_m.text(left, 0, f" {peak:.1f}", va="center", fontsize=8, fontweight="bold")
     ax_m.axvline(usable, color="#C44E52", ls="--", lw=1)
-    ax_m.set_yticks(ym, cats, fontsize=8)
+    ax_m.set_yticks([*ym, 0], [*cats, "total"], fontsize=8)
     ax_m.set_xlabel("GiB per chip")
     fit = "fits" if ex.cost.fits else "does NOT fit"
-    ax_m.set_title(f"memory: {peak:.1f} of {usable:.1f} GiB usable (dashed), {fit}", fontsize=10)
-    ax_m.set_xlim(0, max(usable, max(vals, default=0)) * 1.15)
+    ax_m.set_title(f"memory per chip: {peak:.1f} of {usable:.1f} GiB usable, {fit}", fontsize=10)
+    ax_m.set_xlim(0, max(usable, peak) * 1.18)
     fig.tight_layout()
     return fig
 

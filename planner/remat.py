@@ -165,12 +165,11 @@ class Surrogate:
 
     def time(self, ch: Choice) -> float:
         c = ch.remat.choices()
-        R = {t: c[t] == "remat" for t in TENSORS}
-        O = {t: c[t] == "offload" for t in TENSORS}
-        lin = self.L0 + sum(self.lam.get(t, 0.0) for t in TENSORS if R[t]) + self.k_o * ch.offload_optimizer \
-            + self.k_p * ch.offload_params + (self.eps if any(R[t] for t in self.trig) else 0.0)
-        rec = sum(self.rho.get(t, 0.0) for t in TENSORS if R[t])
-        off = sum(self.n_tau.get(t, 0.0) for t in TENSORS if O[t])
+        rem = {t: c[t] == "remat" for t in TENSORS}
+        lin = self.L0 + sum(self.lam.get(t, 0.0) for t in TENSORS if rem[t]) + self.k_o * ch.offload_optimizer \
+            + self.k_p * ch.offload_params + (self.eps if any(rem[t] for t in self.trig) else 0.0)
+        rec = sum(self.rho.get(t, 0.0) for t in TENSORS if rem[t])
+        off = sum(self.n_tau.get(t, 0.0) for t in TENSORS if c[t] == "offload")
         return lin + max(0.0, self.g0 - self.nu * rec) + sum(max(0.0, off - nc) for nc in self.n_c)
 
     def ks(self, ch: Choice) -> float:
@@ -220,7 +219,7 @@ class Surrogate:
             P.fix(p, int(cons.offload_params))
         R = {t: x[t, "remat"] for t in RECOMPUTABLE}
         D = {t: x[t, "device"] for t in TENSORS}
-        O = {t: x[t, "offload"] for t in TENSORS}
+        Off = {t: x[t, "offload"] for t in TENSORS}
 
         def ns(v: float) -> int:
             return round(v * NS)
@@ -241,7 +240,7 @@ class Surrogate:
             top = ns(sum(self.n_tau.values()))
             for nc in self.n_c:
                 h = P.int(0, top)
-                P.add([(h, 1)] + [(O[t], -ns(self.n_tau.get(t, 0.0))) for t in TENSORS], lb=-ns(nc))
+                P.add([(h, 1)] + [(Off[t], -ns(self.n_tau.get(t, 0.0))) for t in TENSORS], lb=-ns(nc))
                 obj.append((h, 1))
         # NR = no tensor recomputed; Y_t = NR and t kept on device (exact links).
         nr = P.bool()
@@ -265,9 +264,9 @@ class Surrogate:
             P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
                   ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B))
             P.add(rest + ks, ub=math.floor(cap - self.logits))
-        P.add([(O[t], round(self.eta[t])) for t in TENSORS] + [(o, round(self.h_o)), (p, round(self.h_p))],
+        P.add([(Off[t], round(self.eta[t])) for t in TENSORS] + [(o, round(self.h_o)), (p, round(self.h_p))],
               ub=math.floor(self.host_cap))
-        penalty = [(O[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
+        penalty = [(Off[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
         P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty, offset=TIE_WEIGHT * ns(self.L0))
         return P, x, o, p
 
@@ -285,32 +284,69 @@ def evaluate(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch: Choice) -> Cost
     return estimate(m, chip, job, mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params))
 
 
+def group_key(mesh: Mesh) -> tuple:
+    """Meshes that differ only in how the batch shards split between dp and fsdp, and in zero, share everything
+    the remat/offload choices touch: tokens per chip, grad_accum, tensor-parallel links, the pipeline."""
+    return (mesh.tp, mesh.cp, mesh.pp, mesh.ep, mesh.vpp, mesh.micro_batch, mesh.slices)
+
+
 def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = None,
-          low: tuple[Choice, Cost] | None = None) -> Surrogate:
-    """Build and check the surrogate for one mesh from 15 estimate() calls, fewer when `base` (the 'none' probe)
-    or `low` (layer input offloaded, the rest recomputed, any optimizer/parameter offload) are given."""
-    ev = {}
+          low: tuple[Choice, Cost] | None = None, template: Surrogate | None = None) -> tuple[Surrogate, int]:
+    """Build and check the surrogate for one mesh; returns it and the number of estimate() calls made.
+
+    From scratch: 15 calls, fewer when `base` (the 'none' probe) or `low` (layer input offloaded, the rest
+    recomputed) are given. With a `template` from a mesh of the same group (group_key), only the per-mesh state
+    terms are probed (optimizer and parameter offload) and the shared terms are checked at two more probes
+    ('full' and the largest tensor offloaded); a miss falls back to probing from scratch."""
+    ev: dict[Choice, Cost] = {}
     if low is not None:
         ev[low[0]] = low[1]
+    calls = 0
 
     def run(ch: Choice) -> Cost:
-        ev[ch] = evaluate(m, chip, job, mesh, ch)
+        nonlocal calls
+        if ch not in ev:
+            ev[ch] = evaluate(m, chip, job, mesh, ch)
+            calls += 1
         return ev[ch]
 
     c0 = base if base is not None else run(_choice(NONE))
     ev.setdefault(_choice(NONE), c0)
+    least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
+    c_min = low[1] if low is not None and low[0].remat.choices() == least.remat.choices() else run(least)
     s = Surrogate(mesh, chip.usable_hbm_bytes, chip.host_mem_bytes)
+    c_o, c_p = run(_choice(NONE, o=True)), run(_choice(NONE, p=True))
 
     def lin(c: Cost) -> float:
         return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations")
 
-    # ---- time ----
+    def rest(c: Cost) -> float:
+        return c.peak_memory_bytes - _act(c)
+
+    # ---- per-mesh terms: communication and model state ----
     s.L0 = lin(c0)
     s.g0 = exposed(c0, "fsdp", "grads")
     s.nu = chip.eff.overlap
+    s.k_o, s.k_p = lin(c_o) - s.L0, lin(c_p) - s.L0
+    s.R0 = rest(c0)
+    s.w_o, s.w_p = rest(c_o) - s.R0, rest(c_p) - s.R0
+    s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
+
+    if template is not None:
+        for name in ("lam", "eps", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi", "logits", "inflight", "eta"):
+            setattr(s, name, getattr(template, name))
+        run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
+        run(_choice(NONE, mlp_in="offload"))
+        for ch, cost in ev.items():
+            s.check(ch, cost)
+        if s.exact:
+            return s, calls
+        s2, more = probe(m, chip, job, mesh, c0, (least, c_min))
+        return s2, calls + more
+
+    # ---- shared terms: recompute, memory-bound passes, tp comm, bubble, activations, offload ----
     pr = {t: run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
     po = {t: run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
-    c_o, c_p = run(_choice(NONE, o=True)), run(_choice(NONE, p=True))
     c_full = run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
     s.rho = {t: pr[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
     s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
@@ -318,28 +354,14 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     if len(s.trig) >= 2:
         s.eps = (sum(dl.values()) - (lin(c_full) - s.L0)) / (len(s.trig) - 1)
     s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
-    s.k_o, s.k_p = lin(c_o) - s.L0, lin(c_p) - s.L0
     acts = {t: _collective(po[t], "host", "activations") for t in TENSORS}
     n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
     s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}
     if n:
         st = stage_times(m, chip, job, mesh.plan())
         s.n_c = (n * chip.eff.overlap * st.layer_fwd, n * chip.eff.overlap * st.layer_bwd)
-
-    # ---- memory ----
-    def rest(c: Cost) -> float:
-        return c.peak_memory_bytes - _act(c)
-
-    s.R0 = rest(c0)
-    s.w_o, s.w_p = rest(c_o) - s.R0, rest(c_p) - s.R0
-    s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
     s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
-    least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
-    if low is not None and low[0].remat.choices() == least.remat.choices():
-        c_min = low[1]
-    else:
-        c_min = run(least)
     s.logits = c_min.memory.get("logits", 0.0)
     if mesh.pp > 1:
         accum = c0.grad_accum
@@ -365,7 +387,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
 
     for ch, cost in ev.items():
         s.check(ch, cost)
-    return s
+    return s, calls
 
 
 # ---- solving one mesh ---------------------------------------------------------------------------------------
@@ -399,19 +421,24 @@ def brute_force(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraint
     return MeshResult(mesh, best[0] if best else None, best[1] if best else None, min_hbm, len(choices), True)
 
 
-def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints,
-               base: Cost | None = None) -> MeshResult:
-    """The best remat/offload assignment for one mesh (CP-SAT over the probed surrogate, verified)."""
+def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints, base: Cost | None = None,
+               templates: dict | None = None) -> MeshResult:
+    """The best remat/offload assignment for one mesh (CP-SAT over the probed surrogate, verified).
+
+    templates: surrogates of already-solved meshes by group_key, shared across a search (probing reuses them)."""
     ch_min = min_memory_choice(cons)
     c_min = evaluate(m, chip, job, mesh, ch_min)
     if c_min.peak_memory_bytes > chip.usable_hbm_bytes:
         return MeshResult(mesh, None, None, c_min.peak_memory_bytes, 1)
-    s = probe(m, chip, job, mesh, base, (ch_min, c_min))
-    n_est = 1 + len(RECOMPUTABLE) + len(TENSORS) + 3 + (base is None)
+    key = group_key(mesh)
+    s, calls = probe(m, chip, job, mesh, base, (ch_min, c_min), (templates or {}).get(key))
+    n_est = 1 + calls
     if not s.exact:
         r = brute_force(m, chip, job, mesh, cons)
         r.estimates += n_est
         return r
+    if templates is not None and key not in templates:
+        templates[key] = s
     prog, x, o, p = s.program(cons)
     best: tuple[Choice, Cost] | None = None
     resolves = 0

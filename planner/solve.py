@@ -147,6 +147,7 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
 
     cache: dict = {}
     low_choice = min_memory_choice(cons)
+    templates: dict = {}
     heap = [(_lb0(m, chip, job, mesh, cache), 0, mesh) for mesh in meshes]
     heapq.heapify(heap)
     best: list[PlanResult] = []  # sorted, at most `top`
@@ -172,7 +173,7 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
         if brute:
             r = brute_force(m, chip, job, mesh, cons)
         else:
-            r = solve_mesh(m, chip, job, mesh, cons, base.pop(mesh, None))
+            r = solve_mesh(m, chip, job, mesh, cons, base.pop(mesh, None), None if exhaustive else templates)
         _record(stats, r)
         if r.min_hbm_bytes < lowest[0]:
             lowest = (r.min_hbm_bytes, mesh, None)

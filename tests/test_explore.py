@@ -119,6 +119,15 @@ def test_what_ifs_that_break_rules_are_skipped_with_the_reason():
     assert all("step_time_s" in w for w in d["what_ifs"])
 
 
+def test_planner_what_if_keeps_the_mesh_and_is_at_least_as_fast_as_the_ladder(base):
+    w = _by_label(base)[ex.PLANNER_WHAT_IF]
+    assert w.cost is not None and w.cost.fits and w.detail
+    assert (w.plan.degrees(), w.plan.micro_batch, w.chips) == (base.plan.degrees(), base.plan.micro_batch, 64)
+    ladder = [x for x in base.costed_what_ifs if x.label.startswith("remat") and x.cost.fits]
+    assert all(w.cost.step_time_s <= x.cost.step_time_s * (1 + 1e-9) for x in ladder)
+    assert ex.PLANNER_WHAT_IF not in _by_label(ex.explain(M70, V5P, JOB, Plan(fsdp=64), 64, with_planner=False))
+
+
 def test_best_what_if_stays_on_the_same_chips(base):
     best = base.best_what_if
     assert best is not None and best.chips == 64 and best.cost.fits

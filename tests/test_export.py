@@ -425,3 +425,15 @@ def test_exports_load_in_maxtext_pyconfig(tmp_path):
         assert res["devices"] == p.chips
         assert res["global_batch"] == p.job.global_batch
         assert res["pipeline_repeats"] == p.plan.vpp
+
+
+def test_import_maxtext_pipeline_with_accumulation(tmp_path):
+    p = _write(tmp_path, "pp.yml", "model_name: llama2-70b\nici_pipeline_parallelism: 4\nici_fsdp_parallelism: 16\n"
+                                   "per_device_batch_size: 2\ngradient_accumulation_steps: 2\n"
+                                   "num_pipeline_microbatches: 8\nremat_policy: none\nquantization: int8\n")
+    res = import_maxtext(p, hardware="tpu-v5p")
+    got = res.planfile
+    # MaxText's defaults: one layer per stage -> 80 / 4 = 20 circular repeats; 'none' is its alias of 'full'
+    assert (got.plan.pp, got.plan.vpp, got.plan.fsdp, got.plan.micro_batch) == (4, 20, 16, 1)
+    assert got.job == Job(2048, 256, "int8", "maxtext") and got.plan.remat == REMAT_POLICIES["full"]
+    assert any("drains the pipeline on each of the 2 accumulation steps" in n for n in res.notes)

@@ -17,9 +17,11 @@ Implementation adjustments (each check's `note` says which apply):
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from costmodel.cost import Cost
 from costmodel.estimate import estimate
@@ -167,7 +169,10 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     mem = hlo.memory(compiled)
     flops = hlo.flops(compiled)
     platform = jax.devices()[0].platform
-    colls = hlo.collectives(compiled.as_text(), dict(step.mesh.shape))
+    text = compiled.as_text()
+    if os.environ.get("PLANNER_VALIDATE_DUMP"):  # debugging: keep the optimized HLO of every plan
+        Path(os.environ["PLANNER_VALIDATE_DUMP"], f"{res.name}.hlo.txt").write_text(text)
+    colls = hlo.collectives(text, dict(step.mesh.shape))
     merge = platform == "cpu"
     xla_coll: dict[str, float] = {}
     by_axis: dict[str, float] = {}

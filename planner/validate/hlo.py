@@ -44,15 +44,18 @@ def shape_bytes(text: str) -> int:
 def _groups(line: str) -> list[list[int]]:
     # mesh['axis_0'=8,'axis_1'=1] {'axis_0'}: devices numbered row-major over the named dims; a group spans the
     # braced axes (only the group holding device 0 is built: enough to tell the axes and the size)
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\](T\([0-9,]+\))?\s*\{([^}]*)\}", line)
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([0-9,]+)\](?:T\(([0-9,]+)\))?\))?"
+                  r"\s*\{([^}]*)\}", line)
     if m:
         dims = re.findall(r"'([^']+)'=(\d+)", m.group(1))
         names, sizes = [n for n, _ in dims], [int(v) for _, v in dims]
-        ids = np.arange(int(np.prod(sizes))).reshape(sizes)
-        if m.group(2):
-            perm = [int(x) for x in m.group(2)[2:-1].split(",")]
-            ids, names = ids.transpose(perm), [names[i] for i in perm]
-        inside = set(re.findall(r"'([^']+)'", m.group(3)))
+        ids = np.arange(int(np.prod(sizes)))
+        if m.group(2):  # device_ids=([a,b]T(perm)): an iota reshaped and transposed, laid over the mesh
+            ids = ids.reshape([int(x) for x in m.group(2).split(",")])
+            if m.group(3):
+                ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        ids = ids.reshape(sizes)
+        inside = set(re.findall(r"'([^']+)'", m.group(4)))
         index = tuple(slice(None) if n in inside else 0 for n in names)
         return [ids[index].reshape(-1).tolist()]
     m = re.search(r"replica_groups=\{(\{[0-9,{} ]*\})\}", line)

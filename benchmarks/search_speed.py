@@ -1,0 +1,86 @@
+"""Search speed: `planner suggest` timed as whole processes (start-up included), default search vs --exhaustive.
+
+Usage: python benchmarks/search_speed.py [--repeat 3] [--no-exhaustive] [--write]
+For each case: wall time of the default search (best of --repeat runs) and of one --exhaustive run, the best
+step time of each, and whether they agree within 0.1%. Targets: 1T on 1024 chips under 2 s, the 65,536-chip
+job under 10 s (wall, on the 2-core development machine, start-up included). --write saves the table to
+benchmarks/search_speed_report.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANNER = Path(sys.executable).parent / "planner"
+
+CASES = [
+    ("1T on 1024 x tpu-v5p", ["--model", "1T", "--chips", "1024", "--hardware", "tpu-v5p"], 2.0),
+    ("llama3-405b on 16384 x h100-sxm", ["--model", "llama3-405b", "--chips", "16384", "--hardware", "h100-sxm"], None),
+    ("llama3-405b on 65536 x h100-sxm (32M-token batch)",
+     ["--model", "llama3-405b", "--chips", "65536", "--hardware", "h100-sxm", "--global-batch", "8192"], 10.0),
+    ("1T on 18432 x tpu-v5p (3 slices)", ["--model", "1T", "--chips", "18432", "--hardware", "tpu-v5p"], None),
+]
+
+
+def run(args: list[str]) -> tuple[float, dict]:
+    t = time.perf_counter()
+    p = subprocess.run([str(PLANNER), "suggest", *args, "--json"], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise SystemExit(f"planner suggest {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
+    return wall, json.loads(p.stdout)
+
+
+def best_time(out: dict) -> float | None:
+    return out["plans"][0]["step_time_s"] if out["plans"] else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-exhaustive", action="store_true")
+    ap.add_argument("--write", action="store_true")
+    a = ap.parse_args()
+    start = min(run_help() for _ in range(a.repeat))
+    lines = [f"# planner suggest wall time (s), start-up included; `planner --help` alone: {start:.2f} s",
+             f"{'case':52s} {'default s':>9s} {'target':>6s} {'exhaust s':>9s} {'best step s':>12s} "
+             f"{'exhaustive':>12s} {'agree':>5s} {'meshes':>7s} {'solved':>6s}"]
+    print(lines[0])
+    print(lines[1])
+    for name, args, target in CASES:
+        runs = [run(args) for _ in range(a.repeat)]
+        wall = min(w for w, _ in runs)
+        out = runs[0][1]
+        same = all(json.dumps(o, sort_keys=True) == json.dumps(out, sort_keys=True) for _, o in runs)
+        best = best_time(out)
+        ex_wall, ex_best, agree = float("nan"), None, "-"
+        if not a.no_exhaustive:
+            ex_wall, ex = run(args + ["--exhaustive"])
+            ex_best = best_time(ex)
+            agree = "yes" if (best is None and ex_best is None) or (
+                best is not None and ex_best is not None and abs(best - ex_best) <= 1e-3 * ex_best) else "NO"
+        line = (f"{name:52s} {wall:9.2f} {('<' + str(target)) if target else '':>6s} {ex_wall:9.2f} "
+                f"{best if best is not None else float('nan'):12.4f} "
+                f"{ex_best if ex_best is not None else float('nan'):12.4f} {agree:>5s} "
+                f"{out['search']['candidates']:7d} {out['search']['solved']:6d}"
+                + ("" if same else "  (json differs between runs!)"))
+        lines.append(line)
+        print(line, flush=True)
+    if a.write:
+        (ROOT / "benchmarks" / "search_speed_report.txt").write_text("\n".join(lines) + "\n")
+
+
+def run_help() -> float:
+    t = time.perf_counter()
+    subprocess.run([str(PLANNER), "--help"], capture_output=True, cwd=ROOT, check=True)
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()

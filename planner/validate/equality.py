@@ -1,0 +1,60 @@
+"""Sharded step == one-device step: loss and gradients of the same parameters and batch, fp32.
+
+Run as `python -m planner.validate.equality [--devices 8]`: prints one JSON line per plan with the loss difference
+and the largest gradient error relative to that tensor's largest magnitude (run in a fresh process: XLA_FLAGS
+must ask for the host devices before jax starts).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from costmodel.plan import Plan, remat_policy
+
+PLANS = [  # together they cover every mesh axis the validator supports, SP, and the three remat kinds
+    ("cp2-tp2-fsdp2-sp-selective", "llama3-8b", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("selective"))),
+    ("moe-ep2-tp2-dp2-full", "mixtral-8x7b", Plan(ep=2, tp=2, dp=2, zero=1, remat=remat_policy("full"))),
+    ("dp2-fsdp4-none-zero3", "llama3-8b", Plan(dp=2, fsdp=4, zero=3, remat=remat_policy("none"))),
+]
+
+
+def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64) -> dict:
+    import jax
+    import numpy as np
+
+    from costmodel.catalog import load_model
+    from planner.validate.model import Setup, build_step, make_mesh, single_device_plan
+    from planner.validate.scale import Scale, scale_down
+
+    small, job, _ = scale_down(load_model(model_name), plan, Scale(d_model=d_model, seq_len=seq_len))
+    out = []
+    for pl in (plan, single_device_plan(plan)):
+        cfg = Setup(small, pl, job.seq_len, job.global_batch, "float32")
+        step = build_step(cfg, make_mesh(pl), donate=False)
+        params, _, tokens, targets = step.inputs(seed=1)
+        loss, grads = step.grad_fn(params, tokens, targets)
+        out.append((float(loss), jax.tree.map(np.asarray, grads)))
+    (l1, g1), (l0, g0) = out
+    errs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30)),
+                                        g1, g0))
+    return {"loss_sharded": l1, "loss_single": l0, "loss_diff": abs(l1 - l0), "max_grad_rel_err": max(errs)}
+
+
+def main(argv: list[str]) -> None:
+    from planner.validate import set_host_devices
+
+    devices = int(argv[argv.index("--devices") + 1]) if "--devices" in argv else 8
+    set_host_devices(devices)
+    import os
+
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
+    for name, model, plan in PLANS:
+        if only and name not in only:
+            continue
+        print(json.dumps({"plan": name, **compare(model, plan)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

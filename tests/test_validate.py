@@ -1,0 +1,105 @@
+"""The validator: HLO parsing (no jax), bad input (no jax), and, in fresh processes with 8 CPU devices, the sharded
+step against the one-device step and an end-to-end `planner validate` of three plans.
+
+XLA_FLAGS must ask for the host devices before jax starts, hence the subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel.catalog import load_model
+from costmodel.plan import Plan
+from hardware.errors import InputError
+from planner.validate import hlo
+from planner.validate.scale import check_devices, scale_down
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANNER = str(Path(sys.executable).with_name("planner"))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def test_hlo_collective_parsing():
+    mesh = {"dp": 2, "fsdp": 4, "ep": 1, "cp": 1, "tp": 1}
+    text = "\n".join([
+        "  %all-gather.3 = f32[128,8,16]{2,1,0} all-gather(%c), channel_id=8, replica_groups=mesh['axis_0'=4,"
+        "'axis_1'=1,'axis_2'=1,'axis_3'=2], device_ids=([2,4]T(1,0)) {'axis_0'}, dimensions={0}",
+        "  %all-reduce = (f32[64]{0}, f32[32,2]{1,0}) all-reduce(%a, %b), channel_id=2, "
+        "replica_groups=[4,2]<=[2,4]T(1,0), to_apply=%add",
+        "  %reduce-scatter.1 = bf16[16]{0} reduce-scatter(%x), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}",
+        "  %collective-permute = f32[8]{0} collective-permute(%y), source_target_pairs={{0,4},{4,0}}",
+    ])
+    got = [(c.kind, c.bytes, c.group_size, c.axes) for c in hlo.collectives(text, mesh)]
+    assert got == [("all-gather", 128 * 8 * 16 * 4, 4, "fsdp"), ("all-reduce", (64 + 64) * 4, 2, "dp"),
+                   ("reduce-scatter", 16 * 2 * 4, 4, "fsdp"), ("collective-permute", 32, 2, "dp")]
+    assert hlo.ring_traffic("all-reduce", 100, 4) == 150
+
+
+def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
+    small, job, _ = scale_down(load_model("llama3-8b"), Plan(tp=4, cp=2))
+    assert small.n_heads % 4 == 0 and small.n_kv_heads % 4 == 0 and small.vocab_size % 4 == 0
+    assert job.seq_len % 2 == 0 and small.n_heads // small.n_kv_heads == 2
+    moe, _, _ = scale_down(load_model("mixtral-8x7b"), Plan(ep=4, dp=2))
+    assert moe.n_experts % 4 == 0 and moe.experts_per_token == 2
+    with pytest.raises(InputError, match="pipeline"):
+        scale_down(load_model("llama3-8b"), Plan(pp=2))
+    with pytest.raises(InputError, match="only 8 exist"):
+        check_devices(Plan(dp=4, tp=4), 8)
+
+
+def test_cli_bad_input_exits_2_with_one_line():
+    for args, needle in ((["--dp", "4", "--tp", "4"], "only 8 exist"), (["--pp", "2"], "use --pp 1"),
+                         (["--ep", "2"], "--ep 1")):
+        r = subprocess.run([PLANNER, "validate", *args], capture_output=True, text=True, env=_env(), timeout=60)
+        assert r.returncode == 2, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and needle in lines[0]
+
+
+@pytest.fixture(scope="module")
+def has_jax():
+    pytest.importorskip("jax")
+
+
+def test_sharded_step_equals_one_device_step(has_jax):
+    r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
+                        "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full"],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["loss_diff"] < 1e-5, row
+        assert row["max_grad_rel_err"] < 1e-4, row
+
+
+def test_validate_three_plans_end_to_end(has_jax):
+    r = subprocess.run([PLANNER, "validate", "--set", "quick", "--steps", "1", "--d-model", "64", "--seq-len", "64",
+                        "--json"], capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]  # 1: some check outside tolerance (reported, not a crash)
+    out = json.loads(r.stdout)
+    plans = {c["plan"] for c in out["checks"]}
+    assert plans == {"fsdp4-dp2-full", "tp4-sp-dp2-selective", "cp2-fsdp4-none"}
+    for c in out["checks"]:
+        assert set(c) >= {"plan", "quantity", "predicted", "xla", "error_pct", "ok"}
+        assert c["quantity"] != "compile", c  # every plan compiled
+    by = {(c["plan"], c["quantity"]): c for c in out["checks"]}
+    for p in plans:
+        # model state (fp32 weights + Adam) is what the cost model gets exactly right
+        assert by[(p, "state_bytes")]["ok"], by[(p, "state_bytes")]
+        # FLOPs: matmuls are modelled; XLA also counts element-wise work (norms, softmax, Adam): within 15%
+        assert abs(by[(p, "flops")]["error_pct"]) < 15, by[(p, "flops")]
+        assert by[(p, "step_time_s")]["xla"] > 0
+    assert r.returncode == (0 if all(c["ok"] for c in out["checks"]) else 1)
