@@ -259,7 +259,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     for c in colls:
         if c.axis != "host":
             comm_exposed[c.axis] = comm_exposed.get(c.axis, 0.0) + c.exposed_s
-    offload = sum(c.exposed_s for c in colls if c.axis == "host")
+    offload = sum((c.exposed_s for c in colls if c.axis == "host"), 0.0)
     per_micro = st.fwd + st.bwd + st.recompute + st.elementwise
     # 1F1B bubble: (pp-1) micro-steps of fill and drain, shortened by the number of model chunks (vpp).
     bubble = (plan.pp - 1) / plan.vpp * per_micro

@@ -234,6 +234,11 @@ def default_global_batch(chips: int, seq_len: int, tokens_per_batch: int | None 
 # ---- the candidates ----------------------------------------------------------------------------------------
 
 
+def in_node(n: int, node: int, chips: int) -> bool:
+    """Whether an axis group of n chips stays inside one NVLink node (node = 0: TPU, no such limit)."""
+    return not node or node % n == 0 or (chips < node and chips % n == 0)
+
+
 def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> dict[str, list[int]]:
     """Allowed degrees per model-parallel axis (tp, cp, pp, ep) before combining them."""
     ds = divisors(chips)
@@ -262,7 +267,7 @@ def candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints
     fx = cons.fixed
     for tp in opts["tp"]:
         for cp in opts["cp"]:
-            if node and (tp * cp > node or node % (tp * cp)) and tp * cp != chips:
+            if not in_node(tp * cp, node, chips):
                 continue
             for pp in opts["pp"]:
                 for ep in opts["ep"]:
@@ -310,7 +315,7 @@ def model_parallel_limit(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: C
     best = 0
     for tp in opts["tp"]:
         for cp in opts["cp"]:
-            if node and (tp * cp > node or node % (tp * cp)) and tp * cp != chips:
+            if not in_node(tp * cp, node, chips):
                 continue
             for pp in opts["pp"]:
                 for ep in opts["ep"]:

@@ -363,3 +363,17 @@ def test_suggest_json_is_byte_identical_across_processes():
     assert a.returncode == 0, a.stderr
     assert a.stdout == b.stdout
     json.loads(a.stdout)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="BUG hardware/catalog.py _check: `> 0` lets .inf (and .nan fails silently) through; "
+                   "peak_bf16_flops: .inf gives NaN step time and invalid JSON with exit 0")
+@pytest.mark.parametrize("field", ["peak_bf16_flops", "hbm_bw_Bps"])
+def test_infinite_hardware_number_is_an_input_error(field, tmp_path, capsys, monkeypatch):
+    data = _preset_data()
+    data[field] = float("inf")
+    p = tmp_path / "inf.yaml"
+    p.write_text(yaml.safe_dump(data))
+    code, _, err = planner(capsys, monkeypatch, "estimate", "--model", "llama3-8b", "-H", str(p), "-n", "8",
+                           "--fsdp", "8", "-b", "8", "--json")
+    assert_one_line_error(code, err, "inf.yaml", field)

@@ -159,8 +159,7 @@ def test_maxtext_mesh_products(case):
 
 
 def test_fractional_per_device_batch_is_exact():
-    p = pf("llama3-8b", "tpu-v5p", 96, 4096, 96, fsdp=32, tp=3 - 2, cp=3)  # 1/3 sequence per device
-    p = PlanFile(p.model, p.hardware, 96, Job(4095, 32), Plan(fsdp=32, cp=3), "llama3-8b", "tpu-v5p")
+    p = pf("llama3-8b", "tpu-v5p", 96, 4095, 32, fsdp=32, cp=3)  # 1/3 sequence per device
     k = _maxtext_keys(p)
     assert int(k["per_device_batch_size"] * 96) == 32
 

@@ -1,0 +1,261 @@
+"""The auto-parallel planner: candidate rules, the CP-SAT remat/offload program against brute force, the pruned
+search against the exhaustive one, infeasible jobs, and `planner suggest` on the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel.catalog import load_model
+from costmodel.constraints import check_plan
+from costmodel.estimate import dcn_split, estimate
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from hardware.catalog import load_hardware
+from hardware.errors import InputError
+from planner.candidates import (
+    Constraints,
+    Mesh,
+    candidates,
+    check_chips,
+    default_global_batch,
+    default_slices,
+    parse_fix,
+)
+from planner.cpsat import Program
+from planner.remat import all_choices, brute_force, probe, solve_mesh
+from planner.solve import search
+
+PLANNER = str(Path(sys.executable).parent / "planner")
+LLAMA7 = load_model("llama2-7b")
+SMALL_MOE = ModelSpec("small-moe", n_layers=8, d_model=2048, n_heads=16, n_kv_heads=4, ffn_dim=5632,
+                      vocab_size=32000, n_experts=8, experts_per_token=2, moe_ffn_dim=1408)
+A100 = load_hardware("a100-80gb")
+A100_40 = load_hardware("a100-40gb")
+V5P = load_hardware("tpu-v5p")
+H100 = load_hardware("h100-sxm")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PLANNER, "suggest", *args], capture_output=True, text=True)
+
+
+# ---- candidates ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,chip,chips,batch", [(LLAMA7, A100, 16, 64), (SMALL_MOE, V5P, 16, 32),
+                                                (LLAMA7, V5P, 512, 512), (LLAMA7, H100, 64, 128)])
+def test_every_candidate_satisfies_the_rules(m, chip, chips, batch):
+    job = Job(4096, batch)
+    meshes = list(candidates(m, chip, job, chips))
+    assert meshes and len(set(meshes)) == len(meshes)
+    for mesh in meshes:
+        plan = mesh.plan()
+        check_plan(m, chip, job, plan, chips)
+        assert plan.chips == chips
+        if chip.scale_up.kind == "torus":
+            dcn_split(plan)  # only dp, pp, fsdp span slices
+        else:
+            assert 8 % (mesh.tp * mesh.cp) == 0  # tp and cp inside one NVLink node
+        assert mesh.vpp == 1 or (mesh.pp > 1 and (batch // (mesh.batch_shards * mesh.micro_batch)) % mesh.pp == 0)
+        assert mesh.zero in ((0, 1) if mesh.dp > 1 else (0,))
+        assert m.is_moe or mesh.ep == 1
+
+
+def test_multislice_candidates_span_slices_only_with_dp_pp_fsdp():
+    m, job = load_model("1T"), Job(4096, 1152)
+    assert default_slices(V5P, 18432) == 3  # 6144-chip slices, the largest v5p slice
+    meshes = list(candidates(m, V5P, job, 18432))
+    assert meshes and all(mesh.slices == 3 for mesh in meshes)
+    for mesh in meshes:
+        dcn = dcn_split(mesh.plan())
+        assert dcn["dp"] * dcn["pp"] * dcn["fsdp"] == 3
+
+
+def test_slices_and_chip_counts():
+    assert default_slices(V5P, 1024) == 1
+    assert default_slices(load_hardware("tpu-v5e"), 512) == 2
+    assert default_slices(H100, 4096) == 1
+    with pytest.raises(InputError, match="nearest valid chip counts: 92, 96, 100, 104"):
+        check_chips(V5P, 97)
+    with pytest.raises(InputError, match="whole nodes; nearest valid chip counts: 7, 8, 16, 24"):
+        check_chips(H100, 12)
+    with pytest.raises(InputError, match="positive"):
+        check_chips(V5P, 0)
+    with pytest.raises(InputError, match="maximum of 18432"):
+        check_chips(V5P, 20000)
+
+
+def test_default_global_batch_is_about_4m_tokens_and_divisible():
+    assert default_global_batch(1024, 4096) == 1024
+    assert default_global_batch(8, 4096) == 1024
+    assert default_global_batch(18432, 4096) == 1152  # a multiple of 576 = 18432 / 32
+    assert default_global_batch(1024, 2048, 8 * 2**20) == 4096
+
+
+def test_parse_fix():
+    c = parse_fix("dp=2, tp=4, mb=2, remat=full, offload_optimizer=0", max_tp=8)
+    assert c.fixed == {"dp": 2, "tp": 4, "micro_batch": 2}
+    assert c.remat.name == "full" and c.offload_optimizer is False and c.max_tp == 8
+    for bad, msg in (("foo=1", "unknown key 'foo'"), ("tp", "axis=value"), ("tp=x", "integer"),
+                     ("zero=5", "0..3"), ("remat=nope", "remat policy")):
+        with pytest.raises(InputError, match=msg):
+            parse_fix(bad)
+
+
+# ---- the inner program: CP-SAT over the probed surrogate vs brute force ------------------------------------------
+
+INNER = [
+    (LLAMA7, A100, Job(4096, 16, framework="megatron"), Mesh(2, 1, 2, 1, 2, 1, 2, 1, 1, 1)),  # pp + vpp
+    (LLAMA7, A100, Job(4096, 16), Mesh(1, 8, 1, 1, 1, 1, 1, 2, 0, 1)),  # fsdp, maxtext
+    (LLAMA7, A100_40, Job(4096, 8, framework="megatron"), Mesh(1, 1, 1, 1, 4, 1, 1, 2, 0, 1)),  # tight memory
+    (load_model("llama2-13b"), V5P, Job(4096, 32), Mesh(8, 1, 1, 1, 2, 1, 2, 1, 0, 1)),  # first-stage peak
+    (SMALL_MOE, V5P, Job(4096, 16), Mesh(1, 2, 2, 1, 1, 4, 1, 2, 0, 1)),  # MoE, ep
+    (load_model("llama2-70b"), H100, Job(4096, 64, framework="megatron"), Mesh(2, 4, 2, 1, 2, 1, 1, 2, 0, 1)),
+]
+
+
+@pytest.mark.parametrize("m,chip,job,mesh", INNER)
+def test_cpsat_matches_brute_force_on_one_mesh(m, chip, job, mesh):
+    cons = Constraints()
+    s, _ = probe(m, chip, job, mesh)
+    assert s.exact, s.mismatch  # the surrogate reproduces every probe
+    fast = solve_mesh(m, chip, job, mesh, cons)
+    ref = brute_force(m, chip, job, mesh, cons)
+    assert ref.estimates == len(all_choices(cons)) == 2 * 3**5 * 4
+    assert (fast.cost is None) == (ref.cost is None)
+    if ref.cost is not None:
+        assert fast.cost.step_time_s == pytest.approx(ref.cost.step_time_s, rel=1e-9)
+        assert fast.cost.fits and not fast.brute_force
+        assert fast.estimates < 25
+
+
+def test_pinned_remat_and_offload_are_respected():
+    m, job, mesh = LLAMA7, Job(4096, 16), Mesh(1, 8, 1, 1, 1, 1, 1, 2, 0, 1)
+    cons = parse_fix("remat=full,offload_params=1")
+    r = solve_mesh(m, A100, job, mesh, cons)
+    assert r.choice.remat.choices() == load_full().choices() and r.choice.offload_params
+    ref = brute_force(m, A100, job, mesh, cons)
+    assert r.cost.step_time_s == pytest.approx(ref.cost.step_time_s, rel=1e-9)
+
+
+def load_full():
+    from costmodel.plan import REMAT_POLICIES
+
+    return REMAT_POLICIES["full"]
+
+
+def test_program_is_deterministic_and_exact():
+    p = Program()
+    xs = [p.bool() for _ in range(6)]
+    p.add([(x, 1) for x in xs], lb=3)
+    p.add([(xs[0], 1), (xs[1], 1)], ub=1)
+    p.minimize([(x, c) for x, c in zip(xs, (5, 1, 4, 2, 9, 3), strict=True)])
+    a, b = p.solve(), p.solve()
+    assert a == b and p.value(a) == 1 + 2 + 3
+    p.add([(xs[0], 1)], lb=2)  # infeasible
+    assert p.solve() is None
+
+
+# ---- the outer search: pruned vs exhaustive ------------------------------------------------------------------------
+
+SEARCHES = [
+    (LLAMA7, A100, 8, Job(4096, 8, framework="megatron")),
+    (LLAMA7, A100, 16, Job(4096, 16)),
+    (LLAMA7, V5P, 8, Job(4096, 8)),
+    (LLAMA7, V5P, 16, Job(4096, 16)),
+    (SMALL_MOE, V5P, 8, Job(4096, 8)),
+    (LLAMA7, A100_40, 4, Job(4096, 4, framework="megatron")),
+]
+
+
+@pytest.mark.parametrize("m,chip,chips,job", SEARCHES)
+def test_search_matches_exhaustive(m, chip, chips, job):
+    fast = search(m, chip, job, chips, top=3)
+    full = search(m, chip, job, chips, top=3, exhaustive=True, brute=False)
+    assert fast.plans and full.stats.solved == full.stats.candidates
+    assert fast.stats.solved < full.stats.solved
+    assert [r.cost.step_time_s for r in fast.plans] == pytest.approx([r.cost.step_time_s for r in full.plans],
+                                                                     rel=1e-9)
+    for r in fast.plans:  # every returned plan is valid, fits, and is what estimate() says
+        check_plan(m, chip, job, r.plan, chips)
+        cost = estimate(m, chip, job, r.plan, chips)
+        assert cost.fits and cost.step_time_s == r.cost.step_time_s
+    times = [r.cost.step_time_s for r in fast.plans]
+    assert times == sorted(times)
+
+
+def test_fix_and_max_tp_constrain_the_search():
+    s = search(LLAMA7, A100, Job(4096, 16), 16, parse_fix("tp=2,pp=2", max_tp=2))
+    assert s.plans and all(r.plan.tp == 2 and r.plan.pp == 2 for r in s.plans)
+    s = search(LLAMA7, A100, Job(4096, 16), 16, Constraints(max_tp=1))
+    assert s.plans and all(r.plan.tp == 1 for r in s.plans)
+
+
+def test_infeasible_job_is_explained():
+    s = search(load_model("1T"), V5P, Job(4096, 1024), 64)
+    assert not s.plans and s.infeasible is not None
+    assert "no plan fits" in s.infeasible.reason and "GiB" in s.infeasible.reason
+    assert any("--chips 128" in tip for tip in s.infeasible.suggestions)
+
+
+def test_batch_too_small_is_an_input_error():
+    with pytest.raises(InputError, match="too small"):
+        search(LLAMA7, H100, Job(4096, 4), 2048)  # one sequence spans at most tp8 * pp32 = 256 GPUs
+    with pytest.raises(InputError, match="nearest usable global batches"):
+        search(load_model("1T"), V5P, Job(4096, 100), 1024)
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+
+def test_suggest_json_is_deterministic_and_complete():
+    args = ("--model", "llama2-7b", "--chips", "8", "--hardware", "a100-80gb", "--global-batch", "16", "--json")
+    a, b = cli(*args), cli(*args)
+    assert a.returncode == 0 and a.stdout == b.stdout
+    out = json.loads(a.stdout)
+    assert out["model"] == "llama2-7b" and out["hardware"] == "a100-80gb" and out["chips"] == 8
+    assert out["job"]["global_batch"] == 16 and len(out["plans"]) == 5
+    p = out["plans"][0]
+    for key in ("degrees", "micro_batch", "remat", "offload_optimizer", "offload_params", "step_time_s", "mfu",
+                "tokens_per_s", "peak_memory_bytes", "fits", "plan"):
+        assert key in p
+    assert p["fits"] and p["rank"] == 1
+
+
+def test_suggest_tables_and_infeasible_exit_0():
+    r = cli("--model", "llama2-7b", "--chips", "8", "--hardware", "a100-80gb", "--top", "2")
+    assert r.returncode == 0 and "top 2 plans" in r.stdout and "step time breakdown" in r.stdout
+    assert "why #1" in r.stdout
+    r = cli("--model", "1T", "--chips", "64", "--json")
+    assert r.returncode == 0
+    out = json.loads(r.stdout)
+    assert out["plans"] == [] and out["infeasible"]["suggestions"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("--model", "1T", "--chips", "0"), "--chips"),
+    (("--model", "1T", "--chips", "-8"), "--chips"),
+    (("--model", "1T", "--chips", "97"), "nearest valid chip counts"),
+    (("--model", "llama2-7b", "--chips", "2048", "--hardware", "h100-sxm", "--global-batch", "4"), "too small"),
+    (("--model", "llama2-7b", "--chips", "8", "--fix", "bogus=1"), "unknown key"),
+    (("--model", "llama2-7b", "--chips", "16", "--slices", "3"), "--slices"),
+])
+def test_bad_input_exits_2_with_one_line(args, msg):
+    r = cli(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0]
+
+
+def test_suggest_save_and_export(tmp_path):
+    plan_file, cfg = tmp_path / "best.yaml", tmp_path / "maxtext.yml"
+    r = cli("--model", "llama2-7b", "--chips", "8", "--global-batch", "16", "--top", "1", "--save", str(plan_file),
+            "--export", "maxtext", "--out", str(cfg))
+    assert r.returncode == 0, r.stderr
+    from planner.planfile import load_plan
+
+    pf = load_plan(plan_file)
+    assert pf.chips == 8 and pf.job.global_batch == 16 and cfg.read_text().strip()
