@@ -64,16 +64,19 @@ def estimate(
             raise InputError(f"{', '.join(missing)}: required (or give --plan FILE, --from-maxtext FILE or "
                              "--from-megatron FILE)")
         m, chip = o.resolve(model, hardware or "tpu-v5p")
-        job = o.make_job(seq_len or 4096, global_batch, precision or "bf16", framework or "maxtext")
+        job = o.make_job(4096 if seq_len is None else seq_len, global_batch, precision or "bf16",
+                         framework or "maxtext")
         plan = o.make_plan(*(1 if flags[k] is None else flags[k] for k in ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp",
                                                                          "micro_batch")),
-                           zero or 0, remat or "full", offload, slices or 1, not no_sp)
+                           0 if zero is None else zero, remat or "full", offload, 1 if slices is None else slices,
+                           not no_sp)
         hw_ref = hardware or "tpu-v5p"
     else:
         if plan_file:  # --plan: flags given here override the file
             pf = _override(pf, model, hardware, chips)
         m, chip, chips, hw_ref = pf.model, pf.hardware, pf.chips, pf.hardware_ref or pf.hardware.name
-        job = o.make_job(seq_len or pf.job.seq_len, global_batch or pf.job.global_batch,
+        job = o.make_job(pf.job.seq_len if seq_len is None else seq_len,
+                         pf.job.global_batch if global_batch is None else global_batch,
                          precision or pf.job.precision, framework or pf.job.framework)
         plan = _override_plan(pf.plan, flags, remat, offload, no_sp)
     o.positive("--chips", chips)

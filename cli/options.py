@@ -56,7 +56,10 @@ def make_plan(dp: int, fsdp: int, tp: int, cp: int, pp: int, ep: int, vpp: int, 
     if tensors:
         base = {t: c for t, c in policy.choices().items()}
         spec = ",".join([f"{t}={c}" for t, c in base.items() if t not in tensors] + [f"{t}=offload" for t in tensors])
-        policy = parse_remat("custom:" + spec)
+        try:
+            policy = parse_remat("custom:" + spec)
+        except InputError as e:
+            raise InputError(f"--offload: expected 'optimizer', 'params' or remat tensor names; {e}") from None
     return Plan(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
                 sequence_parallel=sequence_parallel, remat=policy, offload_optimizer=opt, offload_params=par,
                 slices=slices)

@@ -32,6 +32,7 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "net": (0.05, 1.0, 0.5),
     "overlap": (0.0, 1.0, 0.5),
     "tp_overlap": (0.0, 1.0, 0.5),
+    "host_overlap": (0.0, 1.0, 0.5),
     "lowp_gain": (0.0, 1.0, 0.5),
     "step_overhead_s": (0.0, 0.5, 0.5),
 }

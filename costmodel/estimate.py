@@ -229,7 +229,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     if off_bytes > 0:
         t = off_bytes / chip.host_link_Bps
         n = layers * micro_steps
-        exposed = n * (max(0.0, t - ov * st.layer_fwd) + max(0.0, t - ov * st.layer_bwd))
+        hov = chip.eff.host_overlap
+        exposed = n * (max(0.0, t - hov * st.layer_fwd) + max(0.0, t - hov * st.layer_bwd))
         out.append(_coll("host", "d2h/h2d", "activations", 2 * n, off_bytes, t, exposed, "host"))
     if plan.offload_optimizer:
         # Gradients down, updated parameters up, once per step, not overlapped (they bracket the update).

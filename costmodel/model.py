@@ -6,6 +6,7 @@ the optional integer fields, so that a YAML file only lists what differs from a 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from hardware.errors import InputError
@@ -75,6 +76,12 @@ class ModelSpec:
         if self.is_mla and self.qk_rope_head_dim >= self.head_dim:
             raise InputError(f"{where}: field 'qk_rope_head_dim' ({self.qk_rope_head_dim}) must be smaller "
                              f"than head_dim ({self.head_dim}, the no-RoPE + RoPE query/key head size)")
+        if not (math.isfinite(self.capacity_factor) and (self.capacity_factor == 0 or self.capacity_factor >= 1)):
+            raise InputError(f"{where}: field 'capacity_factor' must be 0 (dropless) or >= 1, "
+                             f"got {self.capacity_factor}")
+        for f in ("sliding_window", "local_per_global"):
+            if getattr(self, f) < 0:
+                raise InputError(f"{where}: field {f!r} must be >= 0, got {getattr(self, f)}")
         if self.is_mla and self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim - self.qk_rope_head_dim)
 

@@ -110,7 +110,7 @@ def parse_remat(text: str) -> Remat:
         key, _, val = item.partition("=")
         tensor = key if key in TENSORS else by_maxtext.get(key)
         if tensor is None:
-            raise unknown("remat tensor", key, list(TENSORS) + list(by_maxtext))
+            raise unknown("remat tensor", key, sorted(set(TENSORS) | set(by_maxtext)))
         val = {"recompute": "remat", "save": "device"}.get(val, val)
         kw[tensor] = val
     return Remat(name="custom", **kw)

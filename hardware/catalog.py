@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -26,7 +27,15 @@ def _load_file(path: str) -> Chip:
 
 
 def _check(chip: Chip, where: str) -> None:
-    """Physical sanity: positive peaks, capacities and bandwidths."""
+    """Physical sanity: finite positive peaks, capacities and bandwidths; efficiencies in range."""
+    for name in ("peak_bf16_flops", "peak_fp8_flops", "peak_int8_flops", "hbm_bytes", "hbm_bw_Bps",
+                 "host_mem_bytes", "host_link_Bps", "power_w"):
+        v = getattr(chip, name)
+        if not math.isfinite(v) or v < 0:
+            raise InputError(f"{where}: field {name!r} must be a finite number >= 0, got {v}")
+    if not 0 <= chip.hbm_reserve_frac < 1:
+        raise InputError(f"{where}: field 'hbm_reserve_frac' must be in [0, 1), got {chip.hbm_reserve_frac}")
+    check_efficiency(chip.eff, where + ": eff")
     for name in ("peak_bf16_flops", "hbm_bytes", "hbm_bw_Bps", "host_link_Bps", "chips_per_host", "max_chips"):
         if getattr(chip, name) <= 0:
             raise InputError(f"{where}: field {name!r} must be > 0, got {getattr(chip, name)}")
@@ -37,6 +46,22 @@ def _check(chip: Chip, where: str) -> None:
             raise InputError(f"{where}: levels[{i}].bw_per_dir_Bps must be > 0, got {lv.bw_per_dir_Bps}")
         if lv.kind not in ("torus", "switch", "network"):
             raise InputError(f"{where}: levels[{i}].kind must be torus, switch or network, got {lv.kind!r}")
+
+
+def check_efficiency(eff: Efficiency, where: str) -> None:
+    """Efficiencies: fractions in (0, 1] (overlaps and gains in [0, 1]), non-negative half-dim and overhead."""
+    for name in ("matmul_peak", "attention", "hbm", "link", "net"):
+        v = getattr(eff, name)
+        if not (math.isfinite(v) and 0 < v <= 1):
+            raise InputError(f"{where}.{name}: expected a fraction in (0, 1], got {v}")
+    for name in ("overlap", "tp_overlap", "host_overlap", "lowp_gain"):
+        v = getattr(eff, name)
+        if not (math.isfinite(v) and 0 <= v <= 1):
+            raise InputError(f"{where}.{name}: expected a fraction in [0, 1], got {v}")
+    for name in ("matmul_half_dim", "step_overhead_s"):
+        v = getattr(eff, name)
+        if not (math.isfinite(v) and v >= 0):
+            raise InputError(f"{where}.{name}: expected a finite number >= 0, got {v}")
 
 
 def load_hardware(name_or_path: str) -> Chip:
@@ -56,4 +81,5 @@ def with_calibration(chip: Chip) -> Chip:
         return chip
     data = read_yaml(path)
     eff = build(Efficiency, data.get("eff", {}), path.name + ".eff")
+    check_efficiency(eff, path.name + ": eff")
     return replace(chip, eff=eff)

@@ -26,6 +26,8 @@ class Efficiency:
     overlap:         fraction of overlappable communication (fsdp/dp/cp/offload) that compute hides.
     tp_overlap:      fraction of tensor-parallel activation collectives hidden behind the layer's matmuls
                      (0 for Megatron-2021-style blocking all-reduces; XLA's async collective matmuls hide most).
+    host_overlap:    fraction of activation offload traffic (device<->host DMA) hidden behind compute; 0.5
+                     until calibrated, since host DMA also competes with collectives for HBM and the host link.
     lowp_gain:       fraction of the nominal fp8/int8 speed-up over bf16 that training matmuls realise
                      (scaling and casts around each quantized matmul eat part of it).
     step_overhead_s: fixed per-step time (launch, data loading, logging).
@@ -39,6 +41,7 @@ class Efficiency:
     net: float = 0.7
     overlap: float = 0.85
     tp_overlap: float = 0.0
+    host_overlap: float = 0.5
     lowp_gain: float = 1.0
     step_overhead_s: float = 0.0
 

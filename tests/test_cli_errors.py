@@ -119,9 +119,6 @@ def test_estimate_bad_tpu_layout_is_one_line_exit_2(case, capsys, monkeypatch):
     assert_one_line_error(code, err, *needles)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG cli/estimate_cmds.py: `seq_len or 4096` / `slices or 1` turn an explicit 0 "
-                   "into the default instead of an error (use `is None`)")
 @pytest.mark.parametrize("flag", ["--seq-len", "--slices"])
 def test_estimate_explicit_zero_is_refused_not_defaulted(flag, capsys, monkeypatch):
     code, out, err = planner(capsys, monkeypatch, *BASE, "-n", "8", "--fsdp", "8", "-b", "8", flag, "0", "--json")
@@ -307,10 +304,6 @@ def test_schema_errors_reach_the_cli_as_one_line(tmp_path, capsys, monkeypatch):
     assert_one_line_error(code, err, "bad.yaml", "n_layers", "integer")
 
 
-@pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
-                   reason="BUG hardware/catalog.py _check: efficiency fields are not validated; "
-                   "eff.hbm: 0 (or matmul_peak/attention/link/net 0, matmul_half_dim <= -min_dim) -> "
-                   "ZeroDivisionError traceback from estimate")
 @pytest.mark.parametrize("field", ["hbm", "matmul_peak", "attention", "link", "net"])
 def test_zero_efficiency_in_user_profile_is_an_input_error(field, tmp_path, capsys, monkeypatch):
     data = _preset_data()
@@ -322,9 +315,6 @@ def test_zero_efficiency_in_user_profile_is_an_input_error(field, tmp_path, caps
     assert_one_line_error(code, err, "zero_eff.yaml", field)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG costmodel/model.py: capacity_factor is not validated; .inf gives "
-                   "NaN/Infinity in the --json output (invalid JSON), values in (0, 1) give MFU > 1")
 @pytest.mark.parametrize("cf", [".inf", "0.001", "-1.0"])
 def test_bad_capacity_factor_is_an_input_error(cf, tmp_path, capsys, monkeypatch):
     p = tmp_path / "cf.yaml"
@@ -365,9 +355,6 @@ def test_suggest_json_is_byte_identical_across_processes():
     json.loads(a.stdout)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG hardware/catalog.py _check: `> 0` lets .inf (and .nan fails silently) through; "
-                   "peak_bf16_flops: .inf gives NaN step time and invalid JSON with exit 0")
 @pytest.mark.parametrize("field", ["peak_bf16_flops", "hbm_bw_Bps"])
 def test_infinite_hardware_number_is_an_input_error(field, tmp_path, capsys, monkeypatch):
     data = _preset_data()

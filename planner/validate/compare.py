@@ -32,7 +32,7 @@ from costmodel.plan import Plan
 from hardware.chip import Chip
 from planner.validate.scale import Scale, check_devices, scale_down
 
-TOLERANCE_PCT = {"flops": 3.0, "memory_bytes": 10.0, "state_bytes": 10.0, "temp_bytes": 10.0,
+TOLERANCE_PCT = {"flops": 3.0, "matmul_flops": 3.0, "memory_bytes": 10.0, "state_bytes": 10.0, "temp_bytes": 10.0,
                  "collective_bytes": 10.0, "step_time_s": 15.0}
 
 
@@ -180,7 +180,8 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
         kind = "all-reduce+reduce-scatter" if merge and c.kind in ("all-reduce", "reduce-scatter") else c.kind
         xla_coll[kind] = xla_coll.get(kind, 0.0) + c.bytes
         by_axis[f"{c.kind}@{c.axes or '?'}"] = by_axis.get(f"{c.kind}@{c.axes or '?'}", 0.0) + c.bytes
-    res.xla = {"memory": mem, "flops": flops, "collectives_by_axis": by_axis, "platform": platform}
+    res.xla = {"memory": mem, "flops": flops, "matmul_flops": hlo.matmul_flops(text), "collectives_by_axis": by_axis,
+               "platform": platform}
 
     act_bytes = 4 if compute_dtype == "float32" else 2
     cost = predict(small, chip, job, plan, act_bytes)
@@ -188,9 +189,11 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     name = res.name
     # FLOPs per device
     extra = masked_attention_flops(small, job, plan)
-    res.checks.append(_check(name, "flops", cost.hardware_flops_per_step / plan.chips + extra, flops,
-                             f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + dense-attention "
-                             f"masked half {extra:.4g}"))
+    pred_flops = cost.hardware_flops_per_step / plan.chips + extra
+    why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + dense-attention masked half {extra:.4g}"
+    res.checks.append(_check(name, "flops", pred_flops, flops, why + "; XLA cost_analysis incl. element-wise ops"))
+    res.checks.append(_check(name, "matmul_flops", pred_flops, hlo.matmul_flops(text),
+                             why + "; XLA: the dots of the optimized HLO"))
     # Memory per device
     b = cost.memory
     working_copy = 0.0

@@ -138,3 +138,53 @@ def memory(compiled) -> dict[str, float]:
     d = {k: float(getattr(ma, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
     d["peak"] = d["argument"] + d["output"] + d["temp"] - d["alias"]
     return d
+
+
+_COMP_RE = re.compile(r"^(ENTRY\s+)?%([\w.-]+)\s.*\{\s*$")
+_INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.-]+)\s*=\s*(\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+([\w-]+)\(")
+
+
+def matmul_flops(hlo_text: str) -> float:
+    """2 * output elements * contracted size of every dot in the optimized HLO, weighted by how many times its
+    computation is called (fusions, calls); XLA's cost analysis adds element-wise work on top of this."""
+    shapes: dict[str, list[int]] = {}
+    comps: dict[str, list[str]] = {}
+    entry, cur = "", None
+    for line in hlo_text.splitlines():
+        m = _COMP_RE.match(line)
+        if m and "=" not in line.split("{")[0].split("(")[0]:
+            cur = m.group(2)
+            comps[cur] = []
+            if m.group(1):
+                entry = cur
+            continue
+        if cur is None:
+            continue
+        comps[cur].append(line)
+        im = _INSTR_RE.match(line)
+        if im and not im.group(2).startswith("("):
+            dims = _SHAPE_RE.findall(im.group(2))[0][1]
+            shapes[im.group(1)] = [int(d) for d in dims.split(",") if d]
+
+    def comp_flops(name: str, seen: tuple[str, ...] = ()) -> float:
+        total = 0.0
+        for line in comps.get(name, []):
+            im = _INSTR_RE.match(line)
+            if not im:
+                continue
+            if im.group(3) == "dot":
+                out = shapes.get(im.group(1), [])
+                ops = re.search(r"dot\(%([\w.-]+),", line)
+                lhs = shapes.get(ops.group(1), []) if ops else []
+                cd = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", line)
+                k = 1
+                for i in (int(x) for x in (cd.group(1).split(",") if cd and cd.group(1) else [])):
+                    k *= lhs[i] if i < len(lhs) else 1
+                total += 2.0 * float(np.prod(out or [0])) * k
+            for callee in re.findall(r"(?:calls|to_apply|body|condition)=%([\w.-]+)", line):
+                if callee not in seen and im.group(3) not in ("all-reduce", "reduce-scatter", "reduce", "scatter",
+                                                              "reduce-window", "select-and-scatter", "sort", "map"):
+                    total += comp_flops(callee, (*seen, callee))
+        return total
+
+    return comp_flops(entry) if entry else 0.0
