@@ -33,8 +33,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     if job.global_batch % shard:
         raise InputError(f"global_batch: {job.global_batch} is not divisible by dp*fsdp*ep*micro_batch = "
                          f"{plan.dp}*{plan.fsdp}*{plan.ep}*{plan.micro_batch} = {shard}")
-    if plan.zero and plan.dp == 1 and plan.zero < 3:
-        pass  # zero over a dp axis of 1 is harmless
+    check_framework_rules(job, plan)
     if plan.slices > 1:
         if plan.chips % plan.slices:
             raise InputError(f"slices: chips {plan.chips} is not divisible by slices {plan.slices}")
@@ -43,3 +42,22 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     max_chips = chip.max_chips
     if plan.chips > max_chips:
         raise InputError(f"chips: {plan.chips} exceeds the {chip.name} profile's maximum of {max_chips}")
+
+
+def check_framework_rules(job: Job, plan: Plan) -> None:
+    """Rules the target framework itself enforces, so that every costed plan can be launched there."""
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
+    if job.framework == "maxtext":
+        # MaxText 0.2.5's config loader refuses shard_optimizer_over_data together with fsdp > 1.
+        if plan.zero in (1, 2) and plan.fsdp > 1:
+            raise InputError(f"zero: MaxText cannot shard optimizer state over dp (zero={plan.zero}) when fsdp > 1 "
+                             f"(fsdp={plan.fsdp}); use zero 0 or 3")
+        # num_pipeline_microbatches must be a multiple of the number of stages.
+        if plan.pp > 1 and accum % plan.pp:
+            raise InputError(f"micro_batch: MaxText needs the pipeline micro-batch count ({accum}) to be a "
+                             f"multiple of pp ({plan.pp})")
+    if job.framework == "megatron":
+        if plan.cp > 1 and job.seq_len % (2 * plan.cp):
+            raise InputError(f"cp: Megatron needs seq_len ({job.seq_len}) divisible by 2*cp ({2 * plan.cp})")
+        if plan.offload_optimizer and plan.zero < 1:
+            raise InputError("offload: Megatron's optimizer CPU offload needs the distributed optimizer (zero >= 1)")

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# One prepared device check, all results in one folder (default: $OUT, else benchmarks/device_results).
+#
+#   benchmarks/device_calibration.sh [--quick]
+#
+# On a machine with an NVIDIA GPU (jax with CUDA installed): bf16 matmul rate over shapes, HBM bandwidth,
+# then `planner validate` of the single-device plans the GPU count allows against the matching profile
+# (h200 or h100-sxm, from the device name). Without a GPU (or with --quick) the same steps run on 8 host CPU
+# devices with small shapes, so the script is tested end to end on the dev machine. Budget: < 10 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUICK=0
+[[ "${1:-}" == "--quick" ]] && QUICK=1
+RESULTS="${OUT:-benchmarks/device_results}"
+mkdir -p "$RESULTS"
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$RESULTS/log.txt" >&2; }
+
+log "python: $PY"
+"$PY" -c "import jax; print(jax.__version__, jax.devices())" > "$RESULTS/jax_devices.txt" 2>&1 || {
+  log "jax is not importable with $PY; install jax (pip install -e '.[validate]' or jax[cuda12])"; exit 2; }
+log "devices: $(tail -1 "$RESULTS/jax_devices.txt")"
+
+PLATFORM=$("$PY" -c "import jax; print(jax.devices()[0].platform)" 2>/dev/null)
+if [[ "$PLATFORM" == "gpu" && "$QUICK" == 0 ]]; then
+  nvidia-smi > "$RESULTS/nvidia_smi.txt" 2>&1 || true
+  KIND=$("$PY" -c "import jax; print(jax.devices()[0].device_kind)")
+  NDEV=$("$PY" -c "import jax; print(len(jax.devices()))")
+  case "$KIND" in
+    *H200*) HW=h200 ;;
+    *H100*) HW=h100-sxm ;;
+    *A100*) HW=a100-80gb ;;
+    *B200*) HW=b200 ;;
+    *) HW=h100-sxm ;;
+  esac
+  MB_ARGS=(--dtype bfloat16)
+  VAL_ARGS=(--hardware "$HW" --devices "$NDEV" --steps 10 --full-opt --d-model 1024 --layers 4 --seq-len 1024)
+else
+  HW=cpu-host
+  MB_ARGS=(--quick --devices 8)
+  VAL_ARGS=(--hardware cpu-host --devices 8 --steps 2 --d-model 64 --seq-len 64)
+fi
+log "profile: $HW"
+
+log "matmul rate and memory bandwidth"
+timeout 240 "$PY" -m planner.validate.microbench "${MB_ARGS[@]}" > "$RESULTS/microbench.json"
+"$PY" - "$RESULTS/microbench.json" "$HW" <<'EOF' | tee "$RESULTS/microbench_summary.txt"
+import json, sys
+sys.path.insert(0, ".")
+from hardware.catalog import load_hardware
+d = json.load(open(sys.argv[1]))
+chip = load_hardware(sys.argv[2])
+n = d["n_devices"] if d["platform"] == "cpu" else 1  # CPU: the profile is per forced host device
+print(f"{d['device_kind'] or d['platform']}: best matmul {d['best_matmul_tflops']:.3f} TFLOP/s ({d['dtype']}), "
+      f"memory {d['hbm']['GBps']:.1f} GB/s")
+for r in d["matmul"]:
+    frac = r["tflops"] * 1e12 / (chip.peak_bf16_flops * n)
+    print(f"  {r['m']}x{r['k']}x{r['n']}: {r['tflops']:.3f} TFLOP/s = {frac:.2f} of {chip.name} peak")
+print(f"  memory: {d['hbm']['GBps'] * 1e9 / (chip.hbm_bw_Bps * n):.2f} of {chip.name} bandwidth")
+EOF
+
+# Plans that fit the devices: one device on a single GPU; three sharded plans on 8 CPU devices.
+NDEV_ALL=$("$PY" -c "import jax; print(len(jax.devices()))")
+log "planner validate ($NDEV_ALL devices)"
+set +e
+if [[ "$HW" == "cpu-host" ]]; then
+  timeout 300 "$PY" -c "from cli.main import main; main()" validate --set quick "${VAL_ARGS[@]}" --json \
+    > "$RESULTS/validate.json" 2> "$RESULTS/validate.err"
+else
+  timeout 300 "$PY" -c "from cli.main import main; main()" validate --model llama3-8b "${VAL_ARGS[@]}" \
+    --dp "$NDEV_ALL" --remat full --json > "$RESULTS/validate.json" 2> "$RESULTS/validate.err"
+fi
+RC=$?
+set -e
+log "validate exit code $RC (0: all checks in tolerance, 1: some outside, 2: bad input, 124: timeout)"
+"$PY" - "$RESULTS/validate.json" <<'EOF' | tee "$RESULTS/validate_summary.txt"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:  # noqa: BLE001
+    print(f"no validate output: {e}")
+    sys.exit(0)
+for c in d["checks"]:
+    err = "-" if c["error_pct"] is None else f"{c['error_pct']:+.1f}%"
+    print(f"{c['plan']:24s} {c['quantity']:42s} pred {c['predicted'] or 0:12.5g} xla {c['xla'] or 0:12.5g} {err:>8s} "
+          f"{'ok' if c['ok'] else 'NO'}")
+EOF
+log "done: results in $RESULTS"
