@@ -42,7 +42,7 @@ if [[ "$PLATFORM" == "gpu" && "$QUICK" == 0 ]]; then
 else
   HW=cpu-host
   MB_ARGS=(--quick --devices 8)
-  VAL_ARGS=(--hardware cpu-host --devices 8 --steps 2 --d-model 64 --seq-len 64)
+  VAL_ARGS=(--hardware cpu-host --devices 8 --steps 2 --d-model 64 --seq-len 64 --fast-compile)
 fi
 log "profile: $HW"
 
@@ -65,6 +65,7 @@ EOF
 
 # Plans that fit the devices: one device on a single GPU; three sharded plans on 8 CPU devices.
 NDEV_ALL=$("$PY" -c "import jax; print(len(jax.devices()))")
+[[ "$HW" == "cpu-host" ]] && NDEV_ALL=8
 log "planner validate ($NDEV_ALL devices)"
 set +e
 if [[ "$HW" == "cpu-host" ]]; then

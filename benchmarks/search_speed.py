@@ -19,12 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PLANNER = Path(sys.executable).parent / "planner"
 
+MEGATRON = ["--hardware", "h100-sxm", "--framework", "megatron"]
 CASES = [
     ("1T on 1024 x tpu-v5p", ["--model", "1T", "--chips", "1024", "--hardware", "tpu-v5p"], 2.0),
-    ("llama3-405b on 16384 x h100-sxm", ["--model", "llama3-405b", "--chips", "16384", "--hardware", "h100-sxm"], None),
-    ("llama3-405b on 65536 x h100-sxm (32M-token batch)",
-     ["--model", "llama3-405b", "--chips", "65536", "--hardware", "h100-sxm", "--global-batch", "8192"], 10.0),
+    ("llama3-405b on 16384 x h100-sxm (megatron)", ["--model", "llama3-405b", "--chips", "16384", *MEGATRON], None),
+    ("llama3-405b on 65536 x h100-sxm (megatron, 32M tok)",
+     ["--model", "llama3-405b", "--chips", "65536", *MEGATRON, "--global-batch", "8192"], 10.0),
     ("1T on 18432 x tpu-v5p (3 slices)", ["--model", "1T", "--chips", "18432", "--hardware", "tpu-v5p"], None),
+    ("mixtral-8x22b on 256 x tpu-v5p", ["--model", "mixtral-8x22b", "--chips", "256", "--hardware", "tpu-v5p"], None),
 ]
 
 

@@ -146,7 +146,7 @@ def suggest(
     out: str = typer.Option(None, "--out", "-o", help="File for --export (default: stdout after the tables)."),
 ) -> None:
     """Search meshes, micro-batching, remat and offload for the fastest plans that fit in memory."""
-    from planner.candidates import default_global_batch, parse_fix
+    from planner.candidates import default_batch_for, parse_fix
     from planner.solve import search
 
     m, chip = o.resolve(model, hardware)
@@ -154,10 +154,16 @@ def suggest(
     o.positive("--seq-len", seq_len)
     if global_batch is not None and tokens_per_batch is not None:
         raise InputError("--global-batch and --tokens-per-batch: give one of them, not both")
-    if global_batch is None:
-        global_batch = default_global_batch(chips, seq_len, parse_tokens(tokens_per_batch))
-    job = o.make_job(seq_len, global_batch, precision, framework)
     cons = parse_fix(fix, max_tp, slices)
+    note = ""
+    if global_batch is None:
+        o.make_job(seq_len, 1, precision, framework)  # check the job fields first
+        from planner.candidates import check_chips
+
+        check_chips(chip, chips)
+        global_batch, note = default_batch_for(m, chip, chips, seq_len, precision, framework, cons,
+                                               parse_tokens(tokens_per_batch))
+    job = o.make_job(seq_len, global_batch, precision, framework)
     if export is not None:
         from planner.export import FORMATS
 
@@ -171,8 +177,10 @@ def suggest(
         raise InputError("--out: needs --export maxtext|megatron|json")
     result = search(m, chip, job, chips, cons, top=top, exhaustive=exhaustive)
     if as_json:
-        print_json(suggestion_dict(result))
+        print_json({**suggestion_dict(result), "notes": [note] if note else []})
     else:
+        if note:
+            typer.echo(f"note: {note}")
         print_suggestion(result)
     if result.plans and (save or export):
         best = result.plans[0]

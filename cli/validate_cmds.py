@@ -40,14 +40,16 @@ def validate(
     zero: int = typer.Option(0, "--zero", help="ZeRO stage over the dp axis (0-3)."),
     remat: str = typer.Option("full", "--remat", help="none, selective, full, a MaxText policy, or custom:t=c,..."),
     no_sp: bool = typer.Option(False, "--no-sequence-parallel", help="Disable sequence parallelism on tp."),
+    plan_file: str = typer.Option("", "--plan", help="A plan file (planner plan files); its model and degrees."),
     plan_set: str = typer.Option("", "--set", help="Validate a named plan set instead (quick, cpu8)."),
     devices: int = typer.Option(8, "--devices", help="Host-platform devices to create (CPU) / to use."),
     steps: int = typer.Option(3, "--steps", help="Timed steps after one warm-up step (0: compile only)."),
     d_model: int = typer.Option(128, "--d-model", help="Width of the scaled-down model."),
     layers: int = typer.Option(2, "--layers", help="Layers of the scaled-down model."),
     seq_len: int = typer.Option(128, "--seq-len", help="Sequence length of the scaled-down job."),
-    fast_compile: bool = typer.Option(True, "--fast-compile/--full-opt",
-                                      help="XLA backend optimisation level 0 (halves CPU compile time)."),
+    fast_compile: bool = typer.Option(False, "--fast-compile/--full-opt",
+                                      help="XLA backend optimisation level 0: halves CPU compile time, but steps "
+                                           "run slower than the calibrated profile expects."),
     as_json: bool = o.JSON,
 ) -> None:
     """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model."""
@@ -66,8 +68,15 @@ def validate(
             raise InputError(f"--set: unknown plan set {plan_set!r}; expected one of {', '.join(PLAN_SETS)}")
         runs = [(name, load_model(mname), plan) for name, mname, plan in PLAN_SETS[plan_set]]
     else:
-        plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, 1, micro_batch, zero, remat, None, 1, not no_sp)
-        runs = [("plan", load_model(model), plan)]
+        if plan_file:
+            from planner.planfile import load_plan
+
+            pf = load_plan(plan_file, check=False)
+            plan, m_full, label = pf.plan, pf.model, plan_file
+        else:
+            plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, 1, micro_batch, zero, remat, None, 1, not no_sp)
+            m_full, label = load_model(model), "plan"
+        runs = [(label, m_full, plan)]
         # Bad input is checked before jax starts: one line saying what to change, exit 2.
         check_devices(plan, devices)
         scale_down(runs[0][1], plan, scale)

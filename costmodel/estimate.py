@@ -15,7 +15,7 @@ from costmodel.constraints import check_plan
 from costmodel.cost import Collective, Cost
 from costmodel.flops import Op, layer_ops, logits_op, model_flops_per_token
 from costmodel.job import Job
-from costmodel.memory import MemoryTerms, memory_terms
+from costmodel.memory import MemoryTerms, memory_terms, weight_shard_degrees
 from costmodel.model import ModelSpec
 from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan
 from hardware.chip import Chip
@@ -178,7 +178,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
 
     # Weight-sharded axes (fsdp, plus dp under ZeRO-3): all-gather bf16 weights per layer forward and again in
     # backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
-    wlinks = [links["fsdp"]] + ([links["dp"]] if plan.zero == 3 else [])
+    wlinks = [links[a] for a in weight_shard_degrees(job, plan)]
     wshards = math.prod(lk.size for lk in wlinks)
     if wshards > 1:
         wbytes = mem.layer_weight_elems * BF16  # one layer's weights on this chip before sharding over fsdp

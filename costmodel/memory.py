@@ -12,6 +12,7 @@ which flash attention does not store).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from costmodel.job import Job
@@ -85,6 +86,18 @@ class MemoryTerms:
     breakdown: dict[str, float] = field(default_factory=dict)
 
 
+def weight_shard_degrees(job: Job, plan: Plan) -> dict[str, int]:
+    """Axes that shard (and so gather) the weights: fsdp always, dp under ZeRO-3, and under MaxText the
+    context axis too (its `embed` sharding rule includes `context`: context parallelism shards weights
+    like FSDP)."""
+    out = {"fsdp": plan.fsdp}
+    if job.framework == "maxtext" and plan.cp > 1:
+        out["cp"] = plan.cp
+    if plan.zero == 3:
+        out["dp"] = plan.dp
+    return out
+
+
 def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float]:
     """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share)."""
     tp, pp, ep = plan.tp, plan.pp, plan.ep
@@ -101,7 +114,7 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float
 
 def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
     w_b, g_b, o_b, adam_b = CONVENTIONS[job.framework]
-    weight_shards = plan.fsdp * (plan.dp if plan.zero == 3 else 1)
+    weight_shards = math.prod(weight_shard_degrees(job, plan).values())
     body, layer_w, emb = param_counts_per_chip(m, plan)
     params = (body + emb) / weight_shards
     opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)

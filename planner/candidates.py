@@ -15,7 +15,9 @@ offload (those are the CP-SAT program's decisions, planner/remat.py). Rules, all
     TPUs: only dp, pp and fsdp may span slices (costmodel.estimate.dcn_split must succeed), so tp, cp and ep
     lie inside a slice's ICI torus;
   * zero in {0, 1} when dp > 1 (ZeRO-1 shards the optimizer over dp; the fsdp axis is always ZeRO-3);
-    sequence parallelism is always on.
+    sequence parallelism is always on;
+  * and whatever else costmodel.constraints.check_plan refuses (framework rules such as MaxText's zero 1 only
+    without fsdp, or Megatron's seq_len divisible by 2*cp), checked on every candidate.
 
 Chip counts: a GPU job is one partial node (1..8 GPUs) or whole nodes. A TPU job is `slices` identical slices
 of a valid slice size (hardware.topology.valid_slice_sizes); a multi-slice job uses slices made of whole hosts.
@@ -26,8 +28,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from costmodel.constraints import check_plan
 from costmodel.estimate import dcn_split
 from costmodel.job import Job
 from costmodel.model import ModelSpec
@@ -83,6 +86,18 @@ class Constraints:
     offload_optimizer: bool | None = None
     offload_params: bool | None = None
     slices: int | None = None
+
+    def for_mesh(self, m: ModelSpec, chip: Chip, job: Job, mesh: Mesh) -> Constraints:
+        """These constraints plus the offload switches the cost model's rules forbid on this mesh."""
+        kw = {}
+        for name, flag in (("offload_optimizer", dict(offload_optimizer=True)), ("offload_params",
+                                                                                dict(offload_params=True))):
+            if getattr(self, name) is None:
+                try:
+                    check_plan(m, chip, job, mesh.plan(self.remat, **flag))
+                except InputError:
+                    kw[name] = False
+        return replace(self, **kw) if kw else self
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in self.fixed.items()]
@@ -305,7 +320,12 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
             for zero in zeros:
                 if fx.get("zero", zero) != zero:
                     continue
-                yield Mesh(dp, fsdp, tp, cp, pp, ep, vpp, mb, zero, slices)
+                mesh = Mesh(dp, fsdp, tp, cp, pp, ep, vpp, mb, zero, slices)
+                try:  # the cost model's own rules, framework rules included (e.g. MaxText: zero 1 needs fsdp = 1)
+                    check_plan(m, chip, job, mesh.plan())
+                except InputError:
+                    continue
+                yield mesh
 
 
 def model_parallel_limit(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> int:
@@ -325,6 +345,42 @@ def model_parallel_limit(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: C
     return best
 
 
+def _has_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> bool:
+    try:
+        return next(iter(candidates(m, chip, job, chips, cons)), None) is not None
+    except InputError:
+        return False
+
+
+def usable_batches(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints, count: int = 4) -> list[int]:
+    """Up to `count` global batches nearest to job.global_batch for which some mesh candidate exists."""
+    shard_counts = [d for d in divisors(chips)]
+    b = job.global_batch
+    near = sorted({k * s for s in shard_counts for k in (b // s, b // s + 1, 2 * (b // s + 1)) if k >= 1},
+                  key=lambda x: (abs(x - b), x))
+    out = []
+    for x in near[:200]:
+        if x != b and _has_candidates(m, chip, Job(job.seq_len, x, job.precision, job.framework), chips, cons):
+            out.append(x)
+            if len(out) == count:
+                break
+    return sorted(out)
+
+
+def default_batch_for(m: ModelSpec, chip: Chip, chips: int, seq_len: int, precision: str, framework: str,
+                      cons: Constraints, tokens_per_batch: int | None = None) -> tuple[int, str]:
+    """The default global batch (default_global_batch), doubled up to 64x when no mesh can take it (e.g. too
+    few sequences for the model-parallel limit, or a framework's pipeline rule); returns (batch, note)."""
+    base = default_global_batch(chips, seq_len, tokens_per_batch)
+    for factor in (1, 2, 4, 8, 16, 32, 64):
+        b = base * factor
+        if _has_candidates(m, chip, Job(seq_len, b, precision, framework), chips, cons):
+            note = "" if factor == 1 else (f"global batch {b} ({b * seq_len / 2**20:.1f}M tokens): the default "
+                                           f"{base} leaves no valid plan on {chips} chips")
+            return b, note
+    return base, ""
+
+
 def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> InputError:
     """Why no mesh exists: a global batch too small or not divisible, or over-tight --fix constraints."""
     limit = model_parallel_limit(m, chip, job, chips, Constraints(max_tp=cons.max_tp))
@@ -337,14 +393,11 @@ def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: 
                           f"sequence spans at most {limit} chips (tp*cp*pp*ep), so the {min_shards} data-parallel "
                           f"ranks need a global batch of at least {min_shards} (a multiple of it)")
     if cons.fixed or cons.max_tp is not None or cons.slices is not None:
-        unconstrained = next(iter(candidates(m, chip, job, chips, Constraints())), None)
-        if unconstrained is not None:
+        if _has_candidates(m, chip, job, chips, Constraints()):
             return InputError(f"--fix: no plan for {m.name} on {chips} x {chip.name} satisfies "
                               f"{cons.describe()} with global batch {job.global_batch}")
-    shard_counts = sorted({chips // d for d in divisors(chips) if chips // d >= min_shards})
-    near = sorted({(job.global_batch // s) * s for s in shard_counts if job.global_batch >= s}
-                  | {(job.global_batch // s + 1) * s for s in shard_counts},
-                  key=lambda b: (abs(b - job.global_batch), b))[:4]
-    return InputError(f"--global-batch: {job.global_batch} is not divisible by any usable data-parallel size "
-                      f"(dp*fsdp*ep) for {chips} chips; nearest usable global batches: "
-                      f"{', '.join(map(str, sorted(near)))}")
+    near = usable_batches(m, chip, job, chips, cons)
+    hint = f"; nearest usable global batches: {', '.join(map(str, near))}" if near else ""
+    return InputError(f"--global-batch: no plan for {m.name} on {chips} x {chip.name} takes a global batch of "
+                      f"{job.global_batch} (it must split over dp*fsdp*ep ranks into micro-batches that the "
+                      f"{job.framework} rules accept){hint}")

@@ -18,12 +18,18 @@ How (identical layers share one decision, so there are only 6 tensors + 2 switch
    then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too, and
    a kept tensor may cost a different amount: b_t vs a_t, e.g. XLA's companion buffers next to MaxText
    checkpoints exist only when something is recomputed).
-   The only numbers not read off probes are structural: `overlap` (chip.eff.overlap), the per-layer forward
-   and backward times that hide offload traffic (costmodel.estimate.stage_times), and the pipeline's in-flight
-   micro-batch count. The surrogate is checked against all probes; if it misses any by more than 1e-9
-   (relative), the mesh falls back to brute force over every combination.
+   The only numbers not read off probes are structural: the ratio of one layer's forward to backward time
+   (stage_times) that fixes the two offload thresholds once one exposed probe gives their scale, and the
+   pipeline's in-flight micro-batch count. (`overlap`, how fast recompute hides the gradient reduce-scatter,
+   is read off the cheapest single-remat probe: exactly, since any other assignment recomputes at least as
+   much.) The surrogate is checked against every probe; if it misses any by more than 1e-9 (relative), the
+   mesh falls back to brute force over every combination (SearchStats.brute_forced says how often; 0 on
+   every benchmark case). Meshes that differ only in the dp/fsdp split and zero share everything but the
+   communication and state terms, so a search probes those from scratch once per group (group_key) and then
+   5-7 calls per mesh, still checked against the probes it makes.
+   Offload switches the framework forbids on a mesh (costmodel.constraints) are fixed off, not probed.
 3. CP-SAT (planner/cpsat.py) minimises the surrogate exactly: the max() terms become auxiliary variables
-   (convex, minimised), A/NR/NR*D become exact boolean links, memory is two linear constraints. Times are
+   (convex, minimised), A, NR and NR*D_t become exact boolean links, memory is two linear constraints. Times are
    integers in nanoseconds, memory in bytes.
 4. The chosen plan is re-costed with estimate(); a plan that does not verify is excluded with a no-good cut
    and CP-SAT is asked again (at most MAX_RESOLVES times); the best verified plan is kept.
@@ -41,7 +47,7 @@ from costmodel.cost import Cost
 from costmodel.estimate import estimate, stage_times
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import CHOICES, TENSORS, Remat
+from costmodel.plan import CHOICES, REMAT_POLICIES, TENSORS, Remat
 from hardware.chip import Chip
 from planner.candidates import Constraints, Mesh
 from planner.cpsat import Program
@@ -68,13 +74,11 @@ class Choice:
 
 
 def make_remat(choices: dict[str, str]) -> Remat:
-    """A Remat for these choices, named after the matching policy when there is one (e.g. 'full', 'none')."""
-    from costmodel.plan import REMAT_POLICIES
-
-    for name, pol in REMAT_POLICIES.items():
+    """A Remat for these choices, carrying the name of the first named policy with exactly these choices
+    (costmodel.plan.REMAT_POLICIES order: none, selective, full, then MaxText's), else 'custom'."""
+    for pol in REMAT_POLICIES.values():
         if pol.choices() == choices:
-            return pol if name in ("none", "full", "selective") or pol.count("offload") else Remat(**choices,
-                                                                                                 name=name)
+            return pol
     return Remat(**choices, name="custom")
 
 
@@ -291,13 +295,15 @@ def group_key(mesh: Mesh) -> tuple:
 
 
 def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = None,
-          low: tuple[Choice, Cost] | None = None, template: Surrogate | None = None) -> tuple[Surrogate, int]:
+          low: tuple[Choice, Cost] | None = None, template: Surrogate | None = None,
+          cons: Constraints | None = None) -> tuple[Surrogate, int]:
     """Build and check the surrogate for one mesh; returns it and the number of estimate() calls made.
 
     From scratch: 15 calls, fewer when `base` (the 'none' probe) or `low` (layer input offloaded, the rest
     recomputed) are given. With a `template` from a mesh of the same group (group_key), only the per-mesh state
     terms are probed (optimizer and parameter offload) and the shared terms are checked at two more probes
     ('full' and the largest tensor offloaded); a miss falls back to probing from scratch."""
+    cons = (cons or Constraints()).for_mesh(m, chip, job, mesh)
     ev: dict[Choice, Cost] = {}
     if low is not None:
         ev[low[0]] = low[1]
@@ -315,7 +321,9 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
     c_min = low[1] if low is not None and low[0].remat.choices() == least.remat.choices() else run(least)
     s = Surrogate(mesh, chip.usable_hbm_bytes, chip.host_mem_bytes)
-    c_o, c_p = run(_choice(NONE, o=True)), run(_choice(NONE, p=True))
+    # A switch the constraints pin (or the framework forbids) is not probed: its terms stay 0, the program fixes it.
+    c_o = run(_choice(NONE, o=True)) if cons.offload_optimizer is not False else c0
+    c_p = run(_choice(NONE, p=True)) if cons.offload_params is not False else c0
 
     def lin(c: Cost) -> float:
         return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations")
@@ -337,11 +345,14 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
             setattr(s, name, getattr(template, name))
         run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
         run(_choice(NONE, mlp_in="offload"))
+        if s.g0 > 0 and s.trig:
+            t_min = min(s.trig, key=lambda t: s.rho[t])
+            s.nu = (s.g0 - exposed(run(_choice(NONE, **{t_min: "remat"})), "fsdp", "grads")) / s.rho[t_min]
         for ch, cost in ev.items():
             s.check(ch, cost)
         if s.exact:
             return s, calls
-        s2, more = probe(m, chip, job, mesh, c0, (least, c_min))
+        s2, more = probe(m, chip, job, mesh, c0, (least, c_min), cons=cons)
         return s2, calls + more
 
     # ---- shared terms: recompute, memory-bound passes, tp comm, bubble, activations, offload ----
@@ -354,12 +365,15 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     if len(s.trig) >= 2:
         s.eps = (sum(dl.values()) - (lin(c_full) - s.L0)) / (len(s.trig) - 1)
     s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
+    if s.g0 > 0 and s.trig:  # how fast recompute hides the gradient reduce-scatter, read off the smallest probe
+        t_min = min(s.trig, key=lambda t: s.rho[t])
+        s.nu = (s.g0 - exposed(pr[t_min], "fsdp", "grads")) / s.rho[t_min]
     acts = {t: _collective(po[t], "host", "activations") for t in TENSORS}
     n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
     s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}
     if n:
-        st = stage_times(m, chip, job, mesh.plan())
-        s.n_c = (n * chip.eff.overlap * st.layer_fwd, n * chip.eff.overlap * st.layer_bwd)
+        s.n_c = _offload_thresholds(m, chip, job, mesh, n, acts, lambda: run(_choice(NONE, **dict.fromkeys(
+            TENSORS, "offload"))))
     s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
     s.logits = c_min.memory.get("logits", 0.0)
@@ -390,6 +404,30 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     return s, calls
 
 
+def _offload_thresholds(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, n: float, acts: dict,
+                        all_offloaded) -> tuple[float, float]:
+    """n * (the forward and the backward time of one layer that hide offload traffic).
+
+    The cost model exposes n * (max(0, tau - h*f) + max(0, tau - h*b)) for tau seconds of traffic per layer, f
+    and b one layer's forward and backward (costmodel.estimate.stage_times) and h an overlap fraction. h is read
+    off the probe with the most exposure (solving that piecewise-linear equation); when no single-tensor probe
+    is exposed, off the probe with every tensor offloaded; when even that is hidden, nothing ever is."""
+    st = stage_times(m, chip, job, mesh.plan())
+    f, b = st.layer_fwd, st.layer_bwd
+    pts = [(a.time_s / a.count, a.exposed_s / n) for a in acts.values() if a is not None and a.count]
+    tau, e = max(pts, key=lambda p: (p[1], p[0]))
+    if e <= 0:
+        a = _collective(all_offloaded(), "host", "activations")
+        tau, e = a.time_s / a.count, a.exposed_s / n
+        if e <= 0:
+            return (n * tau, n * tau)
+    lo, hi = sorted((f, b))
+    h = (2 * tau - e) / (lo + hi)  # both terms exposed
+    if h * hi >= tau:  # only the shorter one is exposed
+        h = (tau - e) / lo
+    return (n * h * f, n * h * b)
+
+
 # ---- solving one mesh ---------------------------------------------------------------------------------------
 
 @dataclass
@@ -410,6 +448,7 @@ def result_key(cost: Cost, mesh: Mesh, ch: Choice) -> tuple:
 
 def brute_force(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints) -> MeshResult:
     """Every allowed assignment costed with estimate(): the reference the CP-SAT path is checked against."""
+    cons = cons.for_mesh(m, chip, job, mesh)
     best = None
     min_hbm = math.inf
     choices = all_choices(cons)
@@ -426,12 +465,13 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
     """The best remat/offload assignment for one mesh (CP-SAT over the probed surrogate, verified).
 
     templates: surrogates of already-solved meshes by group_key, shared across a search (probing reuses them)."""
+    cons = cons.for_mesh(m, chip, job, mesh)
     ch_min = min_memory_choice(cons)
     c_min = evaluate(m, chip, job, mesh, ch_min)
     if c_min.peak_memory_bytes > chip.usable_hbm_bytes:
         return MeshResult(mesh, None, None, c_min.peak_memory_bytes, 1)
     key = group_key(mesh)
-    s, calls = probe(m, chip, job, mesh, base, (ch_min, c_min), (templates or {}).get(key))
+    s, calls = probe(m, chip, job, mesh, base, (ch_min, c_min), (templates or {}).get(key), cons)
     n_est = 1 + calls
     if not s.exact:
         r = brute_force(m, chip, job, mesh, cons)

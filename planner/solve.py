@@ -7,8 +7,10 @@ best step time, so that only meshes that could enter the top K are solved:
       compute and three passes of memory-bound ops, plus the 1F1B bubble of the same, plus the fixed overhead.
       Every step time contains these terms at least (recompute and a fourth memory-bound pass only add).
   LB1 (one estimate() of the mesh with nothing recomputed or offloaded, 'none'): its step time minus the exposed
-      fsdp gradient reduce-scatter and the optimizer update. Remat only adds time, except that recompute can
-      hide that reduce-scatter and optimizer offload removes the on-chip update; offload traffic only adds.
+      fsdp gradient reduce-scatter and (where optimizer offload is allowed) the optimizer update. Remat only
+      adds time, except that recompute can hide that reduce-scatter and optimizer offload removes the on-chip
+      update; offload traffic only adds.
+  Before LB1, a mesh whose least-memory assignment (costmodel.memory alone) overflows HBM is dropped.
 
 Meshes are popped in bound order; a popped LB0 entry is refined to LB1 and pushed back; a popped LB1 entry is
 solved exactly (planner/remat.py: CP-SAT over the probed surrogate, verified with estimate()). The search stops
@@ -119,8 +121,9 @@ def _min_hbm(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch) -> float:
     return memory_terms(m, chip, job, plan, accum).peak_bytes
 
 
-def _lb1(c0: Cost) -> float:
-    return c0.step_time_s - exposed(c0, "fsdp", "grads") - c0.time.get("optimizer", 0.0)
+def _lb1(c0: Cost, optimizer_offload_allowed: bool) -> float:
+    opt = c0.time.get("optimizer", 0.0) if optimizer_offload_allowed else 0.0
+    return c0.step_time_s - exposed(c0, "fsdp", "grads") - opt
 
 
 def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | None = None, top: int = 5,
@@ -146,7 +149,6 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
     out = Suggestion(m, chip, chips, slices, job, cons, stats=stats)
 
     cache: dict = {}
-    low_choice = min_memory_choice(cons)
     templates: dict = {}
     heap = [(_lb0(m, chip, job, mesh, cache), 0, mesh) for mesh in meshes]
     heapq.heapify(heap)
@@ -158,7 +160,8 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
         if not exhaustive and len(best) >= top and bound > best[-1].cost.step_time_s:
             break
         if stage == 0 and not exhaustive:
-            low = _min_hbm(m, chip, job, mesh, low_choice)
+            mesh_cons = cons.for_mesh(m, chip, job, mesh)
+            low = _min_hbm(m, chip, job, mesh, min_memory_choice(mesh_cons))
             if low > chip.usable_hbm_bytes:  # nothing fits on this mesh: no need to bound or solve it
                 stats.infeasible += 1
                 if low < lowest[0]:
@@ -168,7 +171,7 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
             stats.bounded += 1
             stats.estimates += 1
             base[mesh] = c0
-            heapq.heappush(heap, (max(bound, _lb1(c0)), 1, mesh))
+            heapq.heappush(heap, (max(bound, _lb1(c0, mesh_cons.offload_optimizer is not False)), 1, mesh))
             continue
         if brute:
             r = brute_force(m, chip, job, mesh, cons)
@@ -214,10 +217,9 @@ def _any_fits(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints)
     except InputError:
         return None
     meshes.sort(key=lambda s: (s.micro_batch, -(s.fsdp * s.tp * s.pp * s.cp * s.ep), s))
-    ch = min_memory_choice(cons)
     for mesh in meshes[:FEASIBILITY_CHECKS]:
         try:
-            if evaluate(m, chip, job, mesh, ch).fits:
+            if evaluate(m, chip, job, mesh, min_memory_choice(cons.for_mesh(m, chip, job, mesh))).fits:
                 return mesh
         except InputError:
             continue
@@ -230,7 +232,7 @@ def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Con
     usable = chip.usable_hbm_bytes
     plan = None
     if min_mesh is not None:
-        ch = min_memory_choice(cons)
+        ch = min_memory_choice(cons.for_mesh(m, chip, job, min_mesh))
         plan = min_mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params)
     reason = (f"no plan fits: even with full recompute and activation, optimizer and parameter offload the "
               f"smallest footprint is {min_bytes / GIB:.1f} GiB per chip against {usable / GIB:.1f} GiB usable "

@@ -125,7 +125,8 @@ def test_cpsat_matches_brute_force_on_one_mesh(m, chip, job, mesh):
     assert s.exact, s.mismatch  # the surrogate reproduces every probe
     fast = solve_mesh(m, chip, job, mesh, cons)
     ref = brute_force(m, chip, job, mesh, cons)
-    assert ref.estimates == len(all_choices(cons)) == 2 * 3**5 * 4
+    # 2 * 3^5 tensor choices x optimizer/parameter offload (Megatron forbids optimizer offload without zero 1)
+    assert ref.estimates == len(all_choices(cons.for_mesh(m, chip, job, mesh))) in (2 * 3**5 * 2, 2 * 3**5 * 4)
     assert (fast.cost is None) == (ref.cost is None)
     if ref.cost is not None:
         assert fast.cost.step_time_s == pytest.approx(ref.cost.step_time_s, rel=1e-9)

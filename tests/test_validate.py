@@ -68,6 +68,17 @@ def test_cli_bad_input_exits_2_with_one_line():
         assert len(lines) == 1 and needle in lines[0]
 
 
+def test_cli_plan_file_too_big_for_the_devices(tmp_path):
+    plan = tmp_path / "p64.yaml"
+    r = subprocess.run([PLANNER, "estimate", "--model", "llama3-8b", "--hardware", "tpu-v5p", "--chips", "64",
+                        "--fsdp", "64", "--global-batch", "64", "--save-plan", str(plan)],
+                       capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([PLANNER, "validate", "--plan", str(plan)], capture_output=True, text=True, env=_env(),
+                       timeout=60)
+    assert r.returncode == 2 and "needs 64 devices" in r.stderr and "--devices" in r.stderr
+
+
 @pytest.fixture(scope="module")
 def has_jax():
     pytest.importorskip("jax")
@@ -87,7 +98,7 @@ def test_sharded_step_equals_one_device_step(has_jax):
 
 def test_validate_three_plans_end_to_end(has_jax):
     r = subprocess.run([PLANNER, "validate", "--set", "quick", "--steps", "1", "--d-model", "64", "--seq-len", "64",
-                        "--json"], capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+                        "--fast-compile", "--json"], capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode in (0, 1), r.stderr[-2000:]  # 1: some check outside tolerance (reported, not a crash)
     out = json.loads(r.stdout)
     plans = {c["plan"] for c in out["checks"]}

@@ -155,16 +155,39 @@ def attention(cfg: Setup, sh: Sharder, p: dict, x):
     # Context parallelism: every query shard needs all keys and values (all-gather over cp).
     k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)
     b, s, h, hd = q.shape
-    g = h // m.n_kv_heads
-    qg = q.reshape(b, s, m.n_kv_heads, g, hd)
-    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k).astype(jnp.float32) / math.sqrt(hd)
-    mask = jnp.tril(jnp.ones((s, s), dtype=bool))
-    scores = jnp.where(mask, scores, -1e30)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    ctx = jnp.einsum("bkgst,btkd->bskgd", probs, v).reshape(b, s, h, hd)
+    qg = q.reshape(b, s, m.n_kv_heads, h // m.n_kv_heads, hd)
+    n = attention_chunks(cfg.plan, s)
+    c = s // n
+    parts = []
+    for i in range(n):  # unrolled query blocks; block i only sees keys [0, (i+1)c): block-causal skipping
+        qi = qg if n == 1 else qg[:, i * c:(i + 1) * c]
+        parts.append(_attention_block(qi, k, v, q_start=i * c, keys=(i + 1) * c))
+    ctx = (parts[0] if n == 1 else jnp.concatenate(parts, axis=1)).reshape(b, s, h, hd)
     ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
     out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj")
     return sh.resid(out)
+
+
+def attention_chunks(plan: Plan, seq_len: int) -> int:
+    """Query blocks of the attention: 4 (block-causal skipping of most masked work) unless the sequence is split
+    over cp, where slicing the sharded sequence would make GSPMD reshard it (then one block: dense causal)."""
+    return 4 if plan.cp == 1 and seq_len % 4 == 0 else 1
+
+
+def _attention_block(qg, k, v, q_start: int, keys: int):
+    """Causal attention of a block of queries (positions q_start...) over the first `keys` keys.
+
+    Not flash attention: the block's scores are materialised and kept for the backward pass unless the layer's
+    remat recomputes them (a jax.checkpoint(nothing_saveable) around the block made no difference on XLA:CPU,
+    which kept the probabilities and dropped the recompute), so memory holds s x s/n terms per block that the
+    cost model, which assumes flash attention, does not count."""
+    k, v = k[:, :keys], v[:, :keys]
+    hd = qg.shape[-1]
+    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k).astype(jnp.float32) / math.sqrt(hd)
+    qpos = q_start + jnp.arange(qg.shape[1])
+    mask = jnp.arange(keys)[None, :] <= qpos[:, None]
+    probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1).astype(qg.dtype)
+    return jnp.einsum("bkgst,btkd->bskgd", probs, v)
 
 
 def _act(m: ModelSpec):
@@ -193,19 +216,22 @@ def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     e, k = m.n_experts, m.experts_per_token
     c = capacity(m, s)
     x = sh(x, BATCH, None, None)
-    logits = jnp.einsum("bsd,de->bse", x, p["router"]).astype(jnp.float32)
+    logits = sh(jnp.einsum("bsd,de->bse", x, p["router"]).astype(jnp.float32), BATCH, None, None)
+    # Routing is per sequence: pin every routing tensor to the batch sharding (GSPMD otherwise replicates top_k
+    # and the gathers, all-gathering the whole batch).
     gates, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
+    gates, idx = sh(gates, BATCH, None, None), sh(idx, BATCH, None, None)
     gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     idx = idx.reshape(b, s * k)
-    onehot = jax.nn.one_hot(idx, e, dtype=jnp.int32)  # [b, s*k, e]
-    pos = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1)  # position within its expert
+    onehot = sh(jax.nn.one_hot(idx, e, dtype=jnp.int32), BATCH, None, None)  # [b, s*k, e]
+    pos = sh(jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1), BATCH, None)  # position in its expert
     keep = pos < c
-    slot = jnp.where(keep, idx * c + pos, e * c)  # e*c = the overflow slot (dropped)
+    slot = sh(jnp.where(keep, idx * c + pos, e * c), BATCH, None)  # e*c = the overflow slot (dropped)
     # Which token fills each expert slot: a one-hot without the d_model factor (cheap), then a gather.
-    slot_hot = jax.nn.one_hot(slot, e * c, dtype=jnp.float32)  # [b, s*k, e*c]
+    slot_hot = sh(jax.nn.one_hot(slot, e * c, dtype=jnp.float32), BATCH, None, None)  # [b, s*k, e*c]
     token_of = jnp.arange(s * k, dtype=jnp.float32) // k
-    tok = jnp.einsum("bts,t->bs", slot_hot, token_of).astype(jnp.int32)  # [b, e*c]
-    xe = jnp.take_along_axis(x, tok[:, :, None], axis=1).reshape(b, e, c, d)
+    tok = sh(jnp.einsum("bts,t->bs", slot_hot, token_of).astype(jnp.int32), BATCH, None)  # [b, e*c]
+    xe = sh(jnp.take_along_axis(x, tok[:, :, None], axis=1), BATCH, None, None).reshape(b, e, c, d)
     xe = sh(jnp.transpose(xe, (1, 0, 2, 3)), "ep", ("dp", "fsdp"), None, None)  # all-to-all over ep
     h = checkpoint_name(jnp.einsum("ebcd,edf->ebcf", xe, p["wi0"]), "mlpwi_0")
     h = _act(m)(sh(h, "ep", ("dp", "fsdp"), None, "tp"))
@@ -215,8 +241,8 @@ def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     ye = checkpoint_name(jnp.einsum("ebcf,efd->ebcd", h, p["wo_mlp"]), "mlpwo")
     ye = sh(ye, "ep", ("dp", "fsdp"), None, None)
     ye = sh(jnp.transpose(ye, (1, 0, 2, 3)), BATCH, None, None, None).reshape(b, e * c, d)  # all-to-all back
-    ye = jnp.concatenate([ye, jnp.zeros((b, 1, d), ye.dtype)], axis=1)
-    yk = jnp.take_along_axis(ye, slot[:, :, None], axis=1).reshape(b, s, k, d)
+    ye = sh(jnp.concatenate([ye, jnp.zeros((b, 1, d), ye.dtype)], axis=1), BATCH, None, None)
+    yk = sh(jnp.take_along_axis(ye, slot[:, :, None], axis=1), BATCH, None, None).reshape(b, s, k, d)
     y = jnp.sum(yk * gates[..., None].astype(yk.dtype), axis=2)
     return sh.resid(y)
 
