@@ -50,6 +50,9 @@ def validate(
     fast_compile: bool = typer.Option(False, "--fast-compile/--full-opt",
                                       help="XLA backend optimisation level 0: halves CPU compile time, but steps "
                                            "run slower than the calibrated profile expects."),
+    calibrate_out: str = typer.Option("", "--calibrate-out",
+                                      help="Time the plans in interleaved rounds, fit the profile's efficiencies "
+                                           "to them and write the calibrated profile here (a --hardware file)."),
     as_json: bool = o.JSON,
 ) -> None:
     """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model."""
@@ -97,22 +100,55 @@ def validate(
             raise InputError(f"devices: plan {name} needs {plan.chips} devices but jax sees {have}; "
                              f"lower the degrees or raise --devices")
         typer.echo(f"[{i}/{len(runs)}] {name}: compiling and running ...", err=True)
-        r = run_plan(name, m, plan, chip, devices=have, steps=steps, scale=scale)
+        r = run_plan(name, m, plan, chip, devices=have, steps=steps, scale=scale,
+                     time_steps=not calibrate_out, keep_runner=bool(calibrate_out))
         typer.echo(f"[{i}/{len(runs)}] {name}: " + (f"FAILED {r.error}" if r.error else
                    f"compiled in {r.compile_s:.1f} s"), err=True)
         results.append(r)
+    calibration = _calibrate(results, chip, hardware, calibrate_out, steps) if calibrate_out else None
     checks = [c.to_dict() for r in results for c in r.checks]
     checks += [{"plan": r.name, "quantity": "compile", "predicted": None, "xla": None, "error_pct": None,
                 "ok": False, "note": r.error} for r in results if r.error]
     bad = any(not c["ok"] for c in checks)
     if as_json:
-        print_json({"checks": checks, "plans": [_plan_info(r) for r in results]})
+        print_json({"checks": checks, "plans": [_plan_info(r) for r in results],
+                    **({"calibration": calibration} if calibration else {})})
     else:
         _print_table(results)
     if bad:
         # typer.Exit would be swallowed by click's standalone_mode=False (cli.main ignores the return code)
         sys.stdout.flush()
         sys.exit(1)
+
+
+def _calibrate(results, chip, hardware: str, out: str, steps: int) -> dict:
+    from pathlib import Path
+
+    from hardware.catalog import PROFILE_DIR
+    from planner.validate.calibrate_cpu import (
+        cases_from,
+        fit_efficiency,
+        predicted_times,
+        summary,
+        time_in_rounds,
+        write_profile,
+    )
+
+    time_in_rounds(results, chip, rounds=5, steps=max(1, min(steps, 3)),
+                   log=lambda msg: typer.echo(f"calibrate: {msg}", err=True))
+    cases = cases_from(results, chip)
+    if len(cases) < 3:
+        raise InputError(f"--calibrate-out: needs at least 3 plans that ran (got {len(cases)}); use --set cpu8")
+    meas = [c.measured_step_time_s for c in cases]
+    before = summary(predicted_times(cases, chip), meas)
+    cal, stats = fit_efficiency(cases, chip)
+    after = summary(predicted_times(cases, cal), meas)
+    base = Path(hardware) if hardware.endswith((".yaml", ".yml")) else PROFILE_DIR / f"{hardware}.yaml"
+    path = write_profile(cal, base, Path(out), f"[FIT] efficiencies fitted by planner validate on {len(cases)} plans")
+    typer.echo(f"calibrate: Spearman {before['spearman']:.3f} -> {after['spearman']:.3f}, median |error| "
+               f"{before['median_error_pct']:.1f}% -> {after['median_error_pct']:.1f}%; wrote {path}", err=True)
+    return {"before": before, "after": after, "rows": stats["rows"], "profile": str(path),
+            "eff": dict(cal.eff.__dict__)}
 
 
 def _plan_info(r) -> dict:

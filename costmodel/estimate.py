@@ -167,7 +167,9 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     if plan.tp > 1:
         nbytes = tokens * m.d_model * BF16
         t = collective_time(links["tp"], "all-reduce", nbytes, chip.eff.link, chip.eff.net)
-        n_rec = 2 if plan.remat.out_proj == "remat" else 0
+        # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
+        # full recompute) repeats the other.
+        n_rec = (plan.remat.out_proj == "remat") + (plan.remat.mlp_out == "remat" and job.framework == "megatron")
         count = (4 + n_rec) * layers * micro_steps
         # Hidden behind the layer's own matmuls to the extent tp_overlap allows.
         per_layer_t = (4 + n_rec) * t

@@ -78,7 +78,7 @@ class MemoryTerms:
     adam_bytes_per_param: int
     param_elems: float  # parameters stored on this chip (after all weight sharding)
     optimizer_param_elems: float  # parameters whose optimizer state this chip holds and updates
-    grad_elems_for_reduce: float  # gradient elements this chip reduces over dp
+    grad_elems_for_reduce: float  # gradient elements this chip contributes to the dp reduction (before ZeRO-2 split)
     layer_weight_elems: float  # one layer's weights on this chip before fsdp sharding (the gathered size)
     offload_bytes_per_layer: float  # activations moved to host per layer per micro-step
     peak_bytes: float
@@ -187,6 +187,6 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         host += params * w_b
     return MemoryTerms(
         convention=job.framework, param_bytes=w_b, grad_reduce_bytes=g_b, adam_bytes_per_param=adam_b,
-        param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=grad_params,
+        param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
         layer_weight_elems=layer_w, offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
         host_bytes=host, breakdown=breakdown)

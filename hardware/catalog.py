@@ -28,6 +28,9 @@ def _load_file(path: str) -> Chip:
 
 def _check(chip: Chip, where: str) -> None:
     """Physical sanity: finite positive peaks, capacities and bandwidths; efficiencies in range."""
+    for name in ("peak_bf16_flops", "hbm_bytes", "hbm_bw_Bps", "host_link_Bps", "chips_per_host", "max_chips"):
+        if not getattr(chip, name) > 0:
+            raise InputError(f"{where}: field {name!r} must be > 0, got {getattr(chip, name)}")
     for name in ("peak_bf16_flops", "peak_fp8_flops", "peak_int8_flops", "hbm_bytes", "hbm_bw_Bps",
                  "host_mem_bytes", "host_link_Bps", "power_w"):
         v = getattr(chip, name)
@@ -36,9 +39,6 @@ def _check(chip: Chip, where: str) -> None:
     if not 0 <= chip.hbm_reserve_frac < 1:
         raise InputError(f"{where}: field 'hbm_reserve_frac' must be in [0, 1), got {chip.hbm_reserve_frac}")
     check_efficiency(chip.eff, where + ": eff")
-    for name in ("peak_bf16_flops", "hbm_bytes", "hbm_bw_Bps", "host_link_Bps", "chips_per_host", "max_chips"):
-        if getattr(chip, name) <= 0:
-            raise InputError(f"{where}: field {name!r} must be > 0, got {getattr(chip, name)}")
     if not chip.levels:
         raise InputError(f"{where}: field 'levels' must list at least one interconnect level")
     for i, lv in enumerate(chip.levels):

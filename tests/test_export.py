@@ -237,15 +237,15 @@ def test_maxtext_nearest_plan():
     res = export_result(p, "maxtext")
     assert (res.adapted.plan.dp, res.adapted.plan.fsdp, res.adapted.plan.zero) == (1, 64, 0)
     assert any("zero 3" in w for w in res.warnings)
-    p = pf("llama3-8b", "tpu-v5p", 64, 4096, 256, dp=4, fsdp=16, zero=1)  # MaxText refuses ZeRO-1 with fsdp
+    p = pf("llama3-8b", "tpu-v5p", 64, 4096, 256, "megatron", dp=4, fsdp=16, zero=1)  # MaxText refuses ZeRO-1 with fsdp
     res = export_result(p, "maxtext")
     assert res.adapted.plan.zero == 0 and "shard_optimizer_over_data" in res.warnings[0]
     p = pf("llama3-70b", "tpu-v5p", 64, 4096, 64, fsdp=16, pp=4, micro_batch=1)  # 4 micro-batches, fine
     assert export_result(p, "maxtext").warnings == ()
-    p = pf("llama3-70b", "tpu-v5p", 64, 4096, 128, fsdp=16, pp=4, micro_batch=4)  # 2 micro-batches -> 4 of 2
+    p = pf("llama3-70b", "tpu-v5p", 64, 4096, 128, "megatron", fsdp=16, pp=4, micro_batch=4)  # 2 micro-batches -> 4 of 2
     res = export_result(p, "maxtext")
     assert res.adapted.plan.micro_batch == 2 and "num_pipeline_microbatches" in res.warnings[0]
-    p = pf("llama3-70b", "tpu-v5p", 64, 4096, 96, fsdp=16, pp=4, micro_batch=2)  # 6 per shard: never 4k
+    p = pf("llama3-70b", "tpu-v5p", 64, 4096, 96, "megatron", fsdp=16, pp=4, micro_batch=2)  # 6 per shard: never 4k
     with pytest.raises(InputError, match="multiple of pp=4"):
         export_result(p, "maxtext")
     p = pf("llama3-8b", "tpu-v5p", 8, 4096, 64, tp=8, sequence_parallel=False)

@@ -22,6 +22,7 @@ from planner.candidates import (
     Mesh,
     candidates,
     check_chips,
+    default_batch_for,
     default_global_batch,
     default_slices,
     parse_fix,
@@ -94,6 +95,22 @@ def test_default_global_batch_is_about_4m_tokens_and_divisible():
     assert default_global_batch(8, 4096) == 1024
     assert default_global_batch(18432, 4096) == 1152  # a multiple of 576 = 18432 / 32
     assert default_global_batch(1024, 2048, 8 * 2**20) == 4096
+
+
+def test_default_batch_grows_when_no_plan_takes_it():
+    m = load_model("llama3-405b")
+    b, note = default_batch_for(m, H100, 16384, 4096, "bf16", "maxtext", Constraints())
+    assert b == 2048 and "default 1024" in note  # MaxText pipelines need grad_accum divisible by pp
+    b, note = default_batch_for(m, H100, 16384, 4096, "bf16", "megatron", Constraints())
+    assert b == 1024 and note == ""
+
+
+def test_tokens_per_batch_shorthand():
+    from cli.suggest_cmds import parse_tokens
+
+    assert parse_tokens("4M") == 4 * 2**20 and parse_tokens("65536") == 65536 and parse_tokens(None) is None
+    with pytest.raises(InputError, match="tokens-per-batch"):
+        parse_tokens("lots")
 
 
 def test_parse_fix():

@@ -114,3 +114,29 @@ def test_validate_three_plans_end_to_end(has_jax):
         assert abs(by[(p, "flops")]["error_pct"]) < 15, by[(p, "flops")]
         assert by[(p, "step_time_s")]["xla"] > 0
     assert r.returncode == (0 if all(c["ok"] for c in out["checks"]) else 1)
+
+
+def test_cpu_calibration_recovers_synthetic_step_times():
+    """fit_efficiency on step times made by the cost model itself with other efficiencies: ranks and times back."""
+    from dataclasses import replace
+
+    from costmodel.estimate import estimate
+    from costmodel.published import Case
+    from hardware.catalog import load_hardware
+    from planner.validate.calibrate_cpu import fit_efficiency, predicted_times, summary
+    from planner.validate.compare import activation_bytes
+    from planner.validate.plans import PLAN_SETS
+
+    chip = load_hardware("cpu-host")
+    truth = chip.with_efficiency(matmul_peak=0.2, attention=0.4, step_overhead_s=0.01)
+    cases = []
+    for name, model, plan in PLAN_SETS["cpu8"][:6]:
+        small, job, _ = scale_down(load_model(model), plan)
+        with activation_bytes(4):
+            t = estimate(small, truth, job, plan).step_time_s
+        cases.append(Case(name, "synthetic", small, chip, job, plan, t))
+    cal, stats = fit_efficiency(cases, chip)
+    meas = [c.measured_step_time_s for c in cases]
+    after = summary(predicted_times(cases, cal), meas)
+    assert after["median_error_pct"] < 5 and after["spearman"] > 0.9, (after, cal.eff)
+    assert replace(cal, eff=chip.eff) == chip  # only the efficiencies change

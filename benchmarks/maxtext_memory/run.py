@@ -14,8 +14,10 @@ Run it with the Python of the MaxText environment (see ``requirements.txt`` and
     /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --list
     /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --models-only  # just models.csv
 
-Configs whose id already has an ``ok`` row in results.csv are skipped (resumable);
-failed rows are retried (and replaced). Compiles run one at a time. MaxText's own logs
+Configs whose id already has an ``ok`` or ``oom`` row in results.csv are skipped
+(resumable); ``error``/``timeout`` rows are retried (and replaced). ``oom`` means XLA:TPU
+refused the program because it does not fit the chip's HBM; its message (kept in the
+``error`` column) gives XLA's temporaries estimate and the HBM available. Compiles run one at a time. MaxText's own logs
 and output directory go to ``$MAXTEXT_OUT`` (default /work/maxtext-out), never the repo.
 
 total_bytes_per_chip = argument + output - alias + temp  (device HBM only; this is the
@@ -83,10 +85,13 @@ CONFIGS: list[Config] = [
     # 70B class on 64 chips
     Config("l2-70b_v5p128_b1_s4096_full", "llama2-70b", "v5p-128", 1, 4096, "full"),
     Config("l2-70b_v5p128_b2_s4096_saveqkv", "llama2-70b", "v5p-128", 2, 4096, "save_qkv_proj"),
-    Config("l3-70b_v6e64_b1_s8192_full_tp4", "llama3-70b", "v6e-64", 1, 8192, "full", tensor=4),
+    Config("l3-70b_v6e64_b1_s8192_full_tp4", "llama3-70b", "v6e-64", 1, 8192, "full", tensor=4,
+           extra={"allow_split_physical_axes": "true"}),  # tp=4 on an 8x8 torus needs a split axis
+    Config("l3-70b_v5p128_b1_s8192_full_tp4", "llama3-70b", "v5p-128", 1, 8192, "full", tensor=4),
     # MoE and a GPT-3 style model
     Config("mixtral-8x7b_v5p64_b1_s4096_full", "mixtral-8x7b", "v5p-64", 1, 4096, "full"),
-    Config("gpt3-6b_v6e16_b2_s2048_minimal", "gpt3-6b", "v6e-16", 2, 2048, "minimal"),
+    Config("gpt3-6b_v6e16_b2_s2048_minimal", "gpt3-6b", "v6e-16", 2, 2048, "minimal",
+           extra={"override_model_config": "true"}),  # gpt3-6b.yml pins max_target_length=1024
     Config("l2-7b_v5p16_b4_s4096_full_tp2", "llama2-7b", "v5p-16", 4, 4096, "full", tensor=2),
     # second batch: single-knob deltas against the baselines above
     Config("l2-7b_v5p8_b1_s4096_full", "llama2-7b", "v5p-8", 1, 4096, "full"),
@@ -102,6 +107,7 @@ CONFIGS: list[Config] = [
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
 FLOPS_RE = re.compile(r"'flops': ([0-9.eE+]+)")
+OOM_RE = re.compile(r"RESOURCE_EXHAUSTED: [^\n]{0,300}?(?=\. HLO module|$)", re.M)
 
 
 def maxtext_dir() -> Path:
@@ -118,13 +124,13 @@ def pkg_version(name: str) -> str:
 
 
 def chips_for(topology: str, mt: Path) -> int:
+    """Chips in one slice of ``topology``, read from MaxText's accelerator_to_spec_map."""
     spec = (mt / "utils" / "accelerator_to_spec_map.py").read_text()
-    m = re.search(r'"%s":\s*SystemCharacteristics\(([^)]*)\)' % re.escape(topology), spec)
+    # "v5p-8": SystemCharacteristics("tpu", "v5:2x2x1", "megacore", (2, 2, 1), 4, ...)
+    m = re.search(r'"%s":\s*SystemCharacteristics\(\s*"[^"]*",\s*"[^"]*",\s*"[^"]*",\s*\([^)]*\),\s*(\d+)'
+                  % re.escape(topology), spec)
     if m:
-        # SystemCharacteristics(platform, topology_name, chip_config_name, chips_per_host_bounds,
-        #                       devices_per_slice, ...)
-        parts = [p.strip() for p in re.split(r",(?![^()]*\))", m.group(1))]
-        return int(parts[4])
+        return int(m.group(1))
     gen, n = topology.split("-")
     return int(n) // 2 if gen in ("v4", "v5p") else int(n)
 
@@ -201,10 +207,14 @@ def run_one(cfg: Config, mt: Path, timeout: int) -> dict:
     secs = time.time() - t0
     text = log_path.read_text(errors="replace")
     mem = parse_memory(text)
+    oom = OOM_RE.search(text)
     if status == "ok" and (rc != 0 or mem is None):
-        status = "error"
-        tail = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("I1", "W1"))][-3:]
-        err = f"rc={rc}: " + " | ".join(tail)[-400:]
+        if oom:  # XLA refuses to compile a step that does not fit in HBM: a real (negative) data point
+            status, err = "oom", oom.group(0)
+        else:
+            status = "error"
+            tail = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("I1", "W1"))][-3:]
+            err = f"rc={rc}: " + " | ".join(tail)[-400:]
     row = {
         "id": cfg.id, "model_name": cfg.model, "topology": cfg.topology,
         "chips": chips_for(cfg.topology, mt), "ici_fsdp": cfg.fsdp, "ici_tensor": cfg.tensor,
@@ -282,6 +292,11 @@ def main() -> int:
 
     mt = maxtext_dir()
     write_models_csv(mt, sorted({c.model for c in CONFIGS}))
+    rows = read_rows()
+    if rows:  # keep the derived chips column consistent with the spec map
+        for r in rows:
+            r["chips"] = chips_for(r["topology"], mt)
+        write_rows(rows)
     if ns.models_only:
         return 0
 
@@ -294,7 +309,7 @@ def main() -> int:
     start = time.time()
     for cfg in todo:
         rows = read_rows()
-        if not ns.force and any(r["id"] == cfg.id and r["status"] == "ok" for r in rows):
+        if not ns.force and any(r["id"] == cfg.id and r["status"] in ("ok", "oom") for r in rows):
             print(f"skip {cfg.id} (already in {RESULTS.name})", flush=True)
             continue
         if ns.budget_min and time.time() - start > ns.budget_min * 60:

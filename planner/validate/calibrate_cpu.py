@@ -81,3 +81,20 @@ def write_profile(chip: Chip, base_yaml: Path, out: Path, note: str) -> Path:
     out.write_text(f"# Written by benchmarks/validate_cpu.py: {base_yaml.name} with efficiencies fitted to measured "
                    "validator step times.\n" + yaml.safe_dump(doc, sort_keys=False))
     return out
+
+
+def time_in_rounds(results: list[PlanResult], chip: Chip, rounds: int = 5, steps: int = 2, log=None) -> None:
+    """Time every plan kept with run_plan(keep_runner=True) in interleaved rounds (each sample: the fastest of
+    `steps` steps), so that load drift on a shared machine hits all plans alike; add their step_time_s checks."""
+    from planner.validate.compare import step_time_check
+
+    for k in range(rounds):
+        for r in results:
+            if r.runner is not None:
+                r.step_times_s.append(min(r.runner.run(steps)))
+        if log:
+            log(f"timing round {k + 1}/{rounds}")
+    for r in results:
+        if r.runner is not None:
+            r.checks.append(step_time_check(r, r.predicted_step_s, chip))
+            r.runner = None

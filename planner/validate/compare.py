@@ -65,6 +65,7 @@ class PlanResult:
     model: ModelSpec | None = None
     job: Job | None = None
     xla: dict = field(default_factory=dict)
+    runner: object = None  # StepRunner when run_plan(keep_runner=True)
 
     @property
     def measured_step_s(self) -> float:
@@ -148,21 +149,25 @@ def predicted_collectives(cost: Cost, plan: Plan, merge_rs: bool) -> dict[str, t
 
 
 def run_plan(name: str, m_full: ModelSpec, plan: Plan, chip: Chip, devices: int = 8, steps: int = 3,
-             scale: Scale = Scale(), time_steps: bool = True, compute_dtype: str = "float32") -> PlanResult:
-    """Validate one plan; errors (bad input, compile failures) land in `result.error`, not as exceptions."""
+             scale: Scale = Scale(), time_steps: bool = True, compute_dtype: str = "float32",
+             keep_runner: bool = False) -> PlanResult:
+    """Validate one plan; errors (bad input, compile failures) land in `result.error`, not as exceptions.
+
+    keep_runner (with time_steps False): keep the compiled step in `result.runner` to time it later, e.g. in
+    rounds interleaved with other plans so that a shared machine's load drift hits every plan alike."""
     res = PlanResult(name, plan)
     try:
         check_devices(plan, devices)
         small, job, notes = scale_down(m_full, plan, scale)
         res.model, res.job, res.notes = small, job, notes
-        _run(res, small, job, plan, chip, steps, time_steps, compute_dtype)
+        _run(res, small, job, plan, chip, steps, time_steps, compute_dtype, keep_runner)
     except Exception as e:  # reported per plan; the other plans still run
         res.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
     return res
 
 
 def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, steps: int, time_steps: bool,
-         compute_dtype: str) -> None:
+         compute_dtype: str, keep_runner: bool) -> None:
     import jax
 
     from planner.validate import hlo
@@ -178,7 +183,7 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     platform = jax.devices()[0].platform
     text = compiled.as_text()
     if os.environ.get("PLANNER_VALIDATE_DUMP"):  # debugging: keep the optimized HLO of every plan
-        Path(os.environ["PLANNER_VALIDATE_DUMP"], f"{res.name}.hlo.txt").write_text(text)
+        Path(os.environ["PLANNER_VALIDATE_DUMP"], f"{Path(res.name).name}.hlo.txt").write_text(text)
     colls = hlo.collectives(text, dict(step.mesh.shape))
     merge = platform == "cpu"
     xla_coll: dict[str, float] = {}
@@ -226,16 +231,40 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
         res.checks.append(_check(name, f"collective_bytes:{kind}", pv, xla_coll.get(kind, 0.0), note))
 
     if time_steps and steps > 0:
-        params, opt, tokens, targets = step.inputs()
-        params, opt, loss = compiled(params, opt, tokens, targets)  # warm-up
+        runner = StepRunner(compiled, step.inputs())
+        res.step_times_s = runner.run(steps)
+        res.checks.append(step_time_check(res, cost.step_time_s, chip))
+    elif keep_runner:
+        res.runner = StepRunner(compiled, step.inputs())
+        res.predicted_step_s = cost.step_time_s
+
+
+class StepRunner:
+    """Runs a compiled step on its own buffers; one warm-up step before the first timed one."""
+
+    def __init__(self, compiled, inputs):
+        self.compiled, self.state, self.warm = compiled, list(inputs), False
+
+    def _step(self) -> float:
+        import jax
+
+        params, opt, tokens, targets = self.state
+        t = time.perf_counter()
+        params, opt, loss = self.compiled(params, opt, tokens, targets)
         jax.block_until_ready(loss)
-        for _ in range(steps):
-            t = time.perf_counter()
-            params, opt, loss = compiled(params, opt, tokens, targets)
-            jax.block_until_ready(loss)
-            res.step_times_s.append(time.perf_counter() - t)
-        res.checks.append(_check(name, "step_time_s", cost.step_time_s, res.measured_step_s,
-                                 f"{chip.name} profile, median of {steps} steps after warm-up"))
+        self.state = [params, opt, tokens, targets]
+        return time.perf_counter() - t
+
+    def run(self, steps: int) -> list[float]:
+        if not self.warm:
+            self._step()
+            self.warm = True
+        return [self._step() for _ in range(steps)]
+
+
+def step_time_check(res: PlanResult, predicted_s: float, chip: Chip) -> Check:
+    return _check(res.name, "step_time_s", predicted_s, res.measured_step_s,
+                  f"{chip.name} profile, median of {len(res.step_times_s)} steps after warm-up")
 
 
 def _param_bytes(cost: Cost, act_bytes: int) -> float:

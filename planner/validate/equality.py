@@ -19,7 +19,7 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
 ]
 
 
-def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64) -> dict:
+def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, layers: int = 1) -> dict:
     import jax
     import numpy as np
 
@@ -27,7 +27,7 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64) -
     from planner.validate.model import Setup, build_step, make_mesh, single_device_plan
     from planner.validate.scale import Scale, scale_down
 
-    small, job, _ = scale_down(load_model(model_name), plan, Scale(d_model=d_model, seq_len=seq_len))
+    small, job, _ = scale_down(load_model(model_name), plan, Scale(d_model=d_model, seq_len=seq_len, n_layers=layers))
     out = []
     for pl in (plan, single_device_plan(plan)):
         cfg = Setup(small, pl, job.seq_len, job.global_batch, "float32")

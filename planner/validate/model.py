@@ -1,14 +1,15 @@
 """A decoder-only transformer in plain JAX that follows a Plan's shardings and remat choices.
 
-RMSNorm, causal GQA attention, gated (SiLU) or plain (GeLU) MLP, optional MoE with top-k routing and per-sequence
-expert capacity (gather/scatter dispatch, so no dispatch matmuls), tied or untied embeddings, cross-entropy, and
-Adam written by hand. Parameters and Adam moments are fp32; the step casts the parameters to the compute dtype
-once (MaxText's weight_dtype=float32, dtype=bfloat16 convention). Layers are unrolled with a Python loop so that
-XLA's cost analysis counts each of them.
+RMSNorm, causal GQA attention (query blocks with block-causal skipping; not a flash kernel), gated (SiLU) or
+plain (GeLU) MLP, optional MoE with top-k routing and per-sequence expert capacity (gather dispatch, so no
+dispatch matmuls), tied or untied embeddings, cross-entropy, and Adam written by hand. Parameters and Adam
+moments are fp32; the step casts the parameters to the compute dtype once (MaxText's weight_dtype=float32,
+dtype=bfloat16 convention; the validator runs fp32). Layers are unrolled with a Python loop so that XLA's cost
+analysis counts each of them.
 
 Mesh axes (outer to inner): dp, fsdp, ep, cp, tp. The batch is split over (dp, fsdp, ep); the sequence over cp
 (and over tp too under sequence parallelism, for the residual stream); heads, MLP columns and the vocabulary over
-tp; weights' d_model dimension over fsdp (and dp under ZeRO-3); experts over ep.
+tp; weights' d_model dimension over fsdp (and cp, as MaxText does, and dp under ZeRO-3); experts over ep.
 """
 
 from __future__ import annotations
@@ -59,16 +60,23 @@ def single_device_plan(plan: Plan) -> Plan:
 
 # ---- shardings -------------------------------------------------------------------------------------------
 
-def _w_axes(plan: Plan, moments: bool = False) -> tuple[str, ...] | None:
-    """Mesh axes that shard the weights' d_model dimension (fsdp; dp too under ZeRO-3, or for moments ZeRO>=1)."""
-    axes = ["fsdp"]
-    if plan.zero == 3 or (moments and plan.zero >= 1):
+def _w_axes(cfg: Setup, moments: bool = False) -> tuple[str, ...]:
+    """Mesh axes that shard the weights' d_model dimension: the cost model's own rule
+    (costmodel.memory.weight_shard_degrees: fsdp; cp under MaxText; dp under ZeRO-3), plus dp for the Adam
+    moments under ZeRO-1/2."""
+    from costmodel.job import Job
+    from costmodel.memory import weight_shard_degrees
+
+    plan = cfg.plan
+    job = Job(seq_len=cfg.seq_len, global_batch=cfg.global_batch, framework="maxtext")
+    axes = [a for a, n in weight_shard_degrees(job, plan).items() if n > 1 or a == "fsdp"]
+    if moments and plan.zero >= 1 and "dp" not in axes:
         axes.append("dp")
     return tuple(axes)
 
 
 def param_specs(cfg: Setup, moments: bool = False) -> dict:
-    m, W = cfg.model, _w_axes(cfg.plan, moments)
+    m, W = cfg.model, _w_axes(cfg, moments)
     layer = {
         "norm1": P(None), "norm2": P(None),
         "wq": P(W, "tp", None), "wk": P(W, "tp", None), "wv": P(W, "tp", None), "wo": P("tp", None, W),
@@ -87,21 +95,20 @@ def param_specs(cfg: Setup, moments: bool = False) -> dict:
     return specs
 
 
-def init_params(cfg: Setup, seed: int = 0, like=np) -> dict:
-    """fp32 parameters as numpy arrays, deterministic in `seed` (jax.random would cost seconds of compile).
-
-    With like=jax.ShapeDtypeStruct-producing `like`, only shapes are built (see `param_shapes`)."""
+def init_params(cfg: Setup, seed: int = 0, shapes_only: bool = False) -> dict:
+    """fp32 parameters as numpy arrays, deterministic in `seed` (jax.random would cost seconds of compile);
+    with shapes_only, jax.ShapeDtypeStructs (for ahead-of-time lowering)."""
     m = cfg.model
     d, h, kv, hd = m.d_model, m.n_heads, m.n_kv_heads, m.head_dim
     rng = np.random.default_rng(seed)
 
     def w(shape, fan_in):
-        if like is not np:
+        if shapes_only:
             return jax.ShapeDtypeStruct(shape, jnp.float32)
-        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(fan_in)))
+        return rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(fan_in))
 
     def ones(n):
-        return jax.ShapeDtypeStruct((n,), jnp.float32) if like is not np else np.ones((n,), np.float32)
+        return jax.ShapeDtypeStruct((n,), jnp.float32) if shapes_only else np.ones((n,), np.float32)
 
     layers = []
     for _ in range(m.n_layers):
@@ -321,7 +328,7 @@ class Step:
     def abstract_inputs(self):
         """ShapeDtypeStructs with shardings (for ahead-of-time lowering without allocating)."""
         cfg = self.cfg
-        shapes = init_params(cfg, like=None)
+        shapes = init_params(cfg, shapes_only=True)
 
         def sds(tree, shard):
             return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
