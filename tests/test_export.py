@@ -242,7 +242,7 @@ def test_maxtext_nearest_plan():
     assert res.adapted.plan.zero == 0 and "shard_optimizer_over_data" in res.warnings[0]
     p = pf("llama3-70b", "tpu-v5p", 64, 4096, 64, fsdp=16, pp=4, micro_batch=1)  # 4 micro-batches, fine
     assert export_result(p, "maxtext").warnings == ()
-    p = pf("llama3-70b", "tpu-v5p", 64, 4096, 128, "megatron", fsdp=16, pp=4, micro_batch=4)  # 2 micro-batches -> 4 of 2
+    p = pf("llama3-70b", "tpu-v5p", 64, 4096, 128, "megatron", fsdp=16, pp=4, micro_batch=4)  # 2 -> 4 of 2
     res = export_result(p, "maxtext")
     assert res.adapted.plan.micro_batch == 2 and "num_pipeline_microbatches" in res.warnings[0]
     p = pf("llama3-70b", "tpu-v5p", 64, 4096, 96, "megatron", fsdp=16, pp=4, micro_batch=2)  # 6 per shard: never 4k
