@@ -25,10 +25,12 @@ from costmodel.estimate import estimate  # noqa: E402
 from costmodel.published import load_cases  # noqa: E402
 
 
-def predict(eff, cases):
+def predict(effs, cases):
+    """Percent errors of `cases` under the fitted {chip: efficiency} (a chip missing from the training folds
+    takes its group's first fit)."""
     out = []
     for c in cases:
-        chip = replace(c.chip, eff=eff)
+        chip = replace(c.chip, eff=effs.get(c.chip.name, next(iter(effs.values()))))
         t = estimate(c.model, chip, c.job, c.plan).step_time_s
         out.append(abs(t - c.measured_step_time_s) / c.measured_step_time_s * 100)
     return out

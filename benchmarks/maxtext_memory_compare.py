@@ -3,8 +3,9 @@
 Usage: python benchmarks/maxtext_memory_compare.py [--write]
 Each row of results.csv is one `train_compile` run (made by `make maxtext-memory`); the model shape comes from
 the MaxText preset (models.csv). The plan: ici_fsdp = -1 fills the slice, so fsdp = chips / (tensor*context);
-MaxText's per_device_batch_size b gives each model replica b * tensor * context sequences, with no
-accumulation. Compiled total = argument + output - alias + temp bytes per chip.
+MaxText's per_device_batch_size b gives each model replica b * tensor * context sequences per step,
+split into gradient_accumulation_steps micro-steps; weight_dtype and custom remat knobs come from extra_args.
+Compiled total = argument + output - alias + temp bytes per chip.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from costmodel.estimate import estimate  # noqa: E402
 from costmodel.job import Job  # noqa: E402
 from costmodel.model import ModelSpec  # noqa: E402
-from costmodel.plan import Plan, parse_remat  # noqa: E402
+from costmodel.plan import Plan, Remat, parse_remat  # noqa: E402
 from hardware.catalog import load_hardware  # noqa: E402
 
 HERE = ROOT / "benchmarks" / "maxtext_memory"
@@ -38,6 +39,20 @@ def model_from_row(r: dict[str, str]) -> ModelSpec:
         moe_ffn_dim=int(r["moe_mlp_dim"] or 0) if experts > 1 else 0)
 
 
+def extra_args(text: str) -> dict[str, str]:
+    """MaxText overrides recorded in results.csv's extra_args column ('k=v;k=v' or 'k=v k=v')."""
+    items = [t for t in text.replace(";", " ").split() if "=" in t]
+    return dict(t.split("=", 1) for t in items)
+
+
+def remat_of(policy: str, extra: dict[str, str]) -> Remat:
+    """MaxText's remat_policy; 'custom' takes its per-tensor knobs (decoder_layer_input=offload, ...)."""
+    if policy != "custom":
+        return parse_remat(policy)
+    knobs = [f"{k}={v}" for k, v in extra.items() if v in ("remat", "device", "offload")]
+    return parse_remat("custom:" + ",".join(knobs))
+
+
 def chips_of(topology: str) -> int:
     kind, n = topology.split("-")
     return int(n) // 2 if kind in ("v5p", "v4") else int(n)  # v5p-N / v4-N count TensorCores
@@ -52,10 +67,13 @@ def compare() -> list[dict]:
         chips = chips_of(r["topology"])
         tp, cp = int(r["ici_tensor"] or 1), int(r["ici_context"] or 1)
         b = int(r["per_device_batch_size"])
+        extra = extra_args(r["extra_args"])
+        ga = int(extra.get("gradient_accumulation_steps", 1))
         chip = load_hardware("tpu-" + r["topology"].split("-")[0])
-        plan = Plan(fsdp=chips // (tp * cp), tp=tp, cp=cp, micro_batch=b * tp * cp, zero=3,
-                    remat=parse_remat(r["remat_policy"]))
-        job = Job(seq_len=int(r["max_target_length"]), global_batch=b * chips, framework="maxtext")
+        plan = Plan(fsdp=chips // (tp * cp), tp=tp, cp=cp, micro_batch=b * tp * cp // ga, zero=3,
+                    remat=remat_of(r["remat_policy"], extra))
+        job = Job(seq_len=int(r["max_target_length"]), global_batch=b * chips, framework="maxtext",
+                  weight_dtype=extra.get("weight_dtype", "float32"))
         cost = estimate(models[r["model_name"]], chip, job, plan, chips)
         xla = float(r["total_bytes_per_chip"])
         out.append({"id": r["id"], "chips": chips, "predicted_bytes": cost.peak_memory_bytes, "xla_bytes": xla,

@@ -43,6 +43,8 @@ def estimate(
     precision: str = typer.Option(None, "--precision", help="Matmul precision: bf16 (default), fp8 or int8."),
     framework: str = typer.Option(None, "--framework", help="State/collective conventions: maxtext (default), "
                                                             "megatron, pytorch-fsdp or deepspeed."),
+    weight_dtype: str = typer.Option(None, "--weight-dtype", help="MaxText weight_dtype: float32 (default) or "
+                                                                  "bfloat16 (bf16 weights and Adam moments)."),
     plan_file: str = typer.Option(None, "--plan", help="Plan file: model, hardware, chips, job and plan come from "
                                                        "it; other flags given here override it."),
     from_maxtext: str = typer.Option(None, "--from-maxtext", help="Cost a MaxText config (maxtext 0.2.5 keys)."),
@@ -65,7 +67,7 @@ def estimate(
                              "--from-megatron FILE)")
         m, chip = o.resolve(model, hardware or "tpu-v5p")
         job = o.make_job(4096 if seq_len is None else seq_len, global_batch, precision or "bf16",
-                         framework or "maxtext")
+                         framework or "maxtext", weight_dtype or "float32")
         plan = o.make_plan(*(1 if flags[k] is None else flags[k] for k in ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp",
                                                                          "micro_batch")),
                            0 if zero is None else zero, remat or "full", offload, 1 if slices is None else slices,
@@ -77,7 +79,9 @@ def estimate(
         m, chip, chips, hw_ref = pf.model, pf.hardware, pf.chips, pf.hardware_ref or pf.hardware.name
         job = o.make_job(pf.job.seq_len if seq_len is None else seq_len,
                          pf.job.global_batch if global_batch is None else global_batch,
-                         precision or pf.job.precision, framework or pf.job.framework)
+                         precision or pf.job.precision, framework or pf.job.framework,
+                         weight_dtype or (pf.job.weight_dtype if (framework or pf.job.framework) == "maxtext"
+                                          else "float32"))
         plan = _override_plan(pf.plan, flags, remat, offload, no_sp)
     o.positive("--chips", chips)
     cost = estimate_cost(m, chip, job, plan, chips)

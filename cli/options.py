@@ -31,10 +31,11 @@ def resolve(model: str, hardware: str) -> tuple[ModelSpec, Chip]:
     return load_model(model), load_hardware(hardware)
 
 
-def make_job(seq_len: int, global_batch: int, precision: str, framework: str) -> Job:
+def make_job(seq_len: int, global_batch: int, precision: str, framework: str, weight_dtype: str = "float32") -> Job:
     positive("--seq-len", seq_len)
     positive("--global-batch", global_batch)
-    return Job(seq_len=seq_len, global_batch=global_batch, precision=precision, framework=framework)
+    return Job(seq_len=seq_len, global_batch=global_batch, precision=precision, framework=framework,
+               weight_dtype=weight_dtype)
 
 
 def make_plan(dp: int, fsdp: int, tp: int, cp: int, pp: int, ep: int, vpp: int, micro_batch: int, zero: int,

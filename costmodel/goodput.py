@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, replace
 
 from costmodel.cost import Cost
 from costmodel.job import Job
-from costmodel.memory import CONVENTIONS, memory_terms
+from costmodel.memory import memory_terms, state_convention
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.chip import Chip
@@ -171,7 +171,7 @@ def checkpoint_size(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> Checkpoin
 
     Replicated shards (dp with zero < 3) are written once, so the total is parameters x bytes per parameter,
     not per-chip state x chips."""
-    w_b, _, o_b, _ = CONVENTIONS[job.framework]
+    w_b, _, o_b, _ = state_convention(job)
     accum = max(1, job.global_batch // max(1, plan.batch_shards * plan.micro_batch))
     mt = memory_terms(m, chip, job, plan, accum)
     per_chip = mt.param_elems * w_b + mt.optimizer_param_elems * o_b

@@ -8,6 +8,7 @@ from hardware.errors import InputError
 
 PRECISIONS = ("bf16", "fp16", "fp8", "int8")
 FRAMEWORKS = ("maxtext", "megatron", "pytorch-fsdp", "deepspeed")
+WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,15 @@ class Job:
       pytorch-fsdp: fp32 sharded weights (amp_bf16 compute), fp32 gradients accumulated in place (llm-foundry).
       deepspeed:    Megatron's state layout; ZeRO-3 parameter gathers run as flat collectives over the data
                     group (one NIC per rank across nodes, no multi-rail aggregation), as DeepSpeed 2021 did.
+    weight_dtype (maxtext only) is MaxText's `weight_dtype`: "bfloat16" stores the weights and both Adam
+    moments in bf16 (gradients stay fp32, MaxText's `grad_dtype` default).
     """
 
     seq_len: int
     global_batch: int
     precision: str = "bf16"
     framework: str = "maxtext"
+    weight_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0:
@@ -36,6 +40,11 @@ class Job:
             raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.framework not in FRAMEWORKS:
             raise InputError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise InputError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.weight_dtype!r}")
+        if self.weight_dtype == "bfloat16" and self.framework != "maxtext":
+            raise InputError(f"weight_dtype bfloat16 is a maxtext setting; framework {self.framework!r} has its own "
+                             "state layout (expected --framework maxtext)")
 
     @property
     def tokens(self) -> int:

@@ -31,6 +31,16 @@ CONVENTIONS = {
     "megatron": (2, 4, 12, 30),
     "deepspeed": (2, 4, 12, 30),
 }
+# MaxText with weight_dtype=bfloat16: bf16 weights and bf16 mu/nu (optax keeps moments in the param dtype),
+# fp32 gradients (grad_dtype default); update reads p, m, v (2 B) and g (4 B), writes p, m, v: 16 B.
+MAXTEXT_BF16_WEIGHTS = (2, 4, 4, 16)
+
+
+def state_convention(job: Job) -> tuple[int, int, int, int]:
+    """(weight, gradient, optimizer bytes per parameter, Adam update HBM bytes per parameter) for the job."""
+    if job.framework == "maxtext" and job.weight_dtype == "bfloat16":
+        return MAXTEXT_BF16_WEIGHTS
+    return CONVENTIONS[job.framework]
 
 
 def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> dict[str, float]:
@@ -113,7 +123,7 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float
 
 
 def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
-    w_b, g_b, o_b, adam_b = CONVENTIONS[job.framework]
+    w_b, g_b, o_b, adam_b = state_convention(job)
     weight_shards = math.prod(weight_shard_degrees(job, plan).values())
     body, layer_w, emb = param_counts_per_chip(m, plan)
     params = (body + emb) / weight_shards
@@ -124,8 +134,13 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     weights = 0.0 if plan.offload_params else params * w_b
     # bf16 copy of the weights for compute: streamed in when offloaded; under MaxText's fp32 weight_dtype the
     # step casts the whole (sharded) parameter tree to bf16 once and keeps it (seen in XLA's temp allocation).
-    weights_working = params * BF16 if (plan.offload_params or job.framework == "maxtext") else 0.0
-    accum_buf = grad_params * 4 if (accum > 1 and job.framework == "maxtext") else 0.0  # MaxText's accumulator
+    weights_working = params * BF16 if (plan.offload_params or (job.framework == "maxtext" and w_b > BF16)) else 0.0
+    accum_buf = 0.0
+    if accum > 1 and job.framework == "maxtext":
+        # MaxText's gradient accumulation (utils/gradient_accumulation.py) runs a lax.scan whose carry holds an
+        # fp32 gradient accumulator and a copy of the parameters (bf16 when the optimizer is sharded over data,
+        # else weight_dtype): the argument buffers stay live for the update, so the loop carry is a second copy.
+        accum_buf = grad_params * 4 + params * (BF16 if plan.zero == 1 else w_b)
     grads = grad_params * g_b + accum_buf
     optimizer = 0.0 if plan.offload_optimizer else opt_params * o_b
 
@@ -186,7 +201,8 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     if plan.offload_params:
         host += params * w_b
     return MemoryTerms(
-        convention=job.framework, param_bytes=w_b, grad_reduce_bytes=g_b, adam_bytes_per_param=adam_b,
+        convention=job.framework + (" (bf16 weights)" if job.weight_dtype == "bfloat16" else ""),
+        param_bytes=w_b, grad_reduce_bytes=g_b, adam_bytes_per_param=adam_b,
         param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
         layer_weight_elems=layer_w, offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
         host_bytes=host, breakdown=breakdown)

@@ -19,7 +19,8 @@ planner/maxtext_0_2_5_keys.txt). Mapping (plan -> MaxText):
                    minimal_with_context, 'selective' is minimal), else custom with decoder_layer_input,
                    query/key/value_proj, context, out_proj, mlpwi_0/mlpwi_1 (mlpwi for plain MLPs), mlpwo.
   offload          optimizer_memory_host_offload, parameter_memory_host_offload.
-  precision        dtype bfloat16 (float16 for fp16), weight_dtype float32 (MaxText's convention),
+  precision        dtype bfloat16 (float16 for fp16), weight_dtype from the job
+                   (float32, MaxText's default, or bfloat16),
                    quantization int8 / fp8.
 
 Not expressible in MaxText (exported as the nearest plan, with a warning): ZeRO-2/3 over the data axis (ZeRO-3
@@ -198,7 +199,7 @@ def maxtext_config(pf: PlanFile) -> tuple[dict[str, Any], Adapted]:
     keys["per_device_batch_size"] = _per_device_batch(job.global_batch, pf.chips, ga)
     keys["gradient_accumulation_steps"] = ga
     keys["dtype"] = "float16" if job.precision == "fp16" else "bfloat16"
-    keys["weight_dtype"] = "float32"
+    keys["weight_dtype"] = job.weight_dtype
     if job.precision in ("int8", "fp8"):
         keys["quantization"] = job.precision
     if chip.vendor in ("tpu", "gpu", "cpu"):

@@ -383,8 +383,11 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
         precision = "fp8"
     elif quant:
         notes.append(f"precision: quantization {quant!r} is modelled as bf16")
+    weight_dtype = k.str("weight_dtype") or "float32"
+    if weight_dtype not in ("float32", "bfloat16"):
+        raise InputError(f"{where}: weight_dtype: expected float32 or bfloat16, got {weight_dtype!r}")
     job = Job(seq_len=k.int("max_target_length"), global_batch=global_batch, precision=precision,
-              framework="maxtext")
+              framework="maxtext", weight_dtype=weight_dtype)
     plan = Plan(**deg, vpp=vpp, micro_batch=micro_batch, zero=1 if k.bool("shard_optimizer_over_data") else 0,
                 sequence_parallel=True, remat=_maxtext_remat(k, m.gated_mlp, notes),
                 offload_optimizer=k.bool("optimizer_memory_host_offload"),

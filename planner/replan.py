@@ -33,7 +33,7 @@ from costmodel.cost import Cost
 from costmodel.estimate import estimate
 from costmodel.goodput import Reliability, checkpoint_size, ckpt_bandwidth
 from costmodel.job import Job
-from costmodel.memory import CONVENTIONS, memory_terms
+from costmodel.memory import memory_terms, state_convention
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.chip import Chip
@@ -83,7 +83,7 @@ class Replan:
 
 def _state_components(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> dict[str, tuple[float, int]]:
     """{'weights'|'optimizer': (bytes per chip, data-sharding degree)}."""
-    w_b, _, o_b, _ = CONVENTIONS[job.framework]
+    w_b, _, o_b, _ = state_convention(job)
     accum = max(1, job.global_batch // (plan.batch_shards * plan.micro_batch))
     mt = memory_terms(m, chip, job, plan, accum)
     w_shards = plan.fsdp * (plan.dp if plan.zero == 3 else 1)

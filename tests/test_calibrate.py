@@ -35,7 +35,8 @@ def _cases(chip):
 def test_fit_recovers_generating_parameters():
     truth = Efficiency(matmul_peak=0.6, attention=0.5)
     chip = replace(load_hardware("h100-sxm"), eff=truth)
-    eff, stats = _fit_group(_cases(chip))
+    effs, stats = _fit_group(_cases(chip))
+    eff = effs["h100-sxm"]
     assert stats["mape_pct"] < 2.0
     assert eff.matmul_peak == pytest.approx(0.6, abs=0.05)
 

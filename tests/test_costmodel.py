@@ -79,6 +79,21 @@ def test_memory_by_hand_fsdp_maxtext():
     assert b["logits"] == pytest.approx(128 * 1000 * 4)
 
 
+def test_maxtext_bf16_weight_dtype_and_grad_accumulation_state():
+    m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
+    plan = Plan(fsdp=8, micro_batch=1, zero=3, remat=REMAT_POLICIES["full"])
+    bf16 = memory_terms(m, V5P, Job(seq_len=128, global_batch=8, weight_dtype="bfloat16"), plan, accum=1)
+    b = bf16.breakdown
+    # bf16 weights (no separate compute copy) + fp32 grads + bf16 mu and nu = 2 + 4 + 4 bytes per parameter.
+    assert (b["weights"], b["gradients"], b["optimizer"]) == pytest.approx(
+        (2 * bf16.param_elems, 4 * bf16.param_elems, 4 * bf16.param_elems))
+    # Accumulating over 2 micro-steps: the scan carry adds an fp32 accumulator and an fp32 copy of the weights.
+    ga = memory_terms(m, V5P, Job(seq_len=128, global_batch=16), plan, accum=2)
+    assert ga.breakdown["gradients"] == pytest.approx((4 + 4 + 4) * ga.param_elems)
+    with pytest.raises(InputError, match="weight_dtype"):
+        Job(seq_len=128, global_batch=8, framework="megatron", weight_dtype="bfloat16")
+
+
 def test_megatron_convention_and_zero1():
     m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
     job = Job(seq_len=128, global_batch=16, framework="megatron")
