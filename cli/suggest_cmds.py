@@ -32,6 +32,30 @@ def parse_tokens(text: str | None) -> int | None:
     return int(round(value))
 
 
+COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgtb]?)\s*$", re.IGNORECASE)
+
+
+def parse_count(flag: str, text: str | None) -> float | None:
+    """'15T' -> 1.5e13 (K/M/B or G/T are powers of ten, as training-token budgets are quoted)."""
+    if text is None:
+        return None
+    m = COUNT_RE.match(text)
+    value = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}[m.group(2).lower()] \
+        if m else 0.0
+    if not value >= 1:
+        raise InputError(f"{flag}: expected a positive number of tokens such as 2e12 or 15T, got {text!r}")
+    return value
+
+
+def rerank_by_time_to_train(s, train_tokens: float, price: float | None) -> None:
+    """Order the suggestion's plans by expected days to train (costmodel.goodput), keeping each Goodput."""
+    from costmodel.goodput import rank_by_time_to_train
+
+    ranked = rank_by_time_to_train(s.plans, s.model, s.chip, s.job, train_tokens, price)
+    s.plans = [r for r, _ in ranked]
+    s.goodput = {id(r): g for r, g in ranked}
+
+
 def fates(plan) -> str:
     """Short remat/offload summary: which tensors are kept, recomputed, offloaded; optimizer/params offload."""
     ch = plan.remat.choices()
@@ -68,12 +92,21 @@ def result_dict(rank: int, r) -> dict:
             "breakdown_time_s": dict(c.time)}
 
 
+def goodput_fields(g) -> dict:
+    return {"days_to_train": g.days_to_train, "goodput": g.goodput, "cost": g.cost}
+
+
 def suggestion_dict(s) -> dict:
     out = {"model": s.model.name, "hardware": s.chip.name, "chips": s.chips, "slices": s.slices,
            "job": {"seq_len": s.job.seq_len, "global_batch": s.job.global_batch, "tokens_per_batch": s.job.tokens,
                    "precision": s.job.precision, "framework": s.job.framework},
            "constraints": s.constraints.describe(), "search": s.stats.to_dict(),
            "plans": [result_dict(i + 1, r) for i, r in enumerate(s.plans)]}
+    gp = s.goodput
+    if gp:
+        out["ranked_by"] = "days_to_train"
+        for d, r in zip(out["plans"], s.plans, strict=True):
+            d.update(goodput_fields(gp[id(r)]))
     if s.infeasible is not None:
         out["infeasible"] = s.infeasible.to_dict()
     return out
@@ -100,13 +133,23 @@ def print_suggestion(s) -> None:
             console.print(f"  - {tip}")
         return
     t = Table(title=f"top {len(s.plans)} plans: {head}")
-    for col in ("#", "degrees", "mb x accum", "remat / offload", "step s", "MFU", "tokens/s", "mem GiB", "dominant"):
-        t.add_column(col, justify="right" if col in ("#", "step s", "MFU", "tokens/s", "mem GiB") else "left")
+    gp = s.goodput
+    cols = ["#", "degrees", "mb x accum", "remat / offload", "step s", "MFU", "tokens/s", "mem GiB", "dominant"]
+    if gp:
+        cols += ["days", "goodput"] + (["cost"] if any(g.cost for g in gp.values()) else [])
+    for col in cols:
+        left = col in ("degrees", "mb x accum", "remat / offload", "dominant")
+        t.add_column(col, justify="left" if left else "right")
     for i, r in enumerate(s.plans, 1):
         c = r.cost
-        t.add_row(str(i), degrees(r.plan), f"{r.plan.micro_batch} x {c.grad_accum}", fates(r.plan),
-                  f"{c.step_time_s:.3f}", f"{c.mfu * 100:.1f}%", f"{c.tokens_per_s:,.0f}",
-                  f"{c.peak_memory_bytes / GIB:.1f}/{c.hbm_usable_bytes / GIB:.1f}", c.dominant)
+        row = [str(i), degrees(r.plan), f"{r.plan.micro_batch} x {c.grad_accum}", fates(r.plan),
+               f"{c.step_time_s:.3f}", f"{c.mfu * 100:.1f}%", f"{c.tokens_per_s:,.0f}",
+               f"{c.peak_memory_bytes / GIB:.1f}/{c.hbm_usable_bytes / GIB:.1f}", c.dominant]
+        if gp:
+            g = gp[id(r)]
+            row += [f"{g.days_to_train:.1f}", f"{g.goodput * 100:.1f}%"]
+            row += [f"{g.cost:,.0f}"] if "cost" in cols else []
+        t.add_row(*row)
     console.print(t)
     st = s.stats
     console.print(f"searched {st.candidates} mesh candidates{' exhaustively' if st.exhaustive else ''}: "
@@ -144,6 +187,10 @@ def suggest(
     save: str = typer.Option(None, "--save", help="Write the best plan as a plan file (YAML, or JSON for .json)."),
     export: str = typer.Option(None, "--export", help="Also export the best plan: maxtext, megatron or json."),
     out: str = typer.Option(None, "--out", "-o", help="File for --export (default: stdout after the tables)."),
+    train_tokens: str = typer.Option(None, "--train-tokens",
+                                     help="Rank the plans by expected days to train this many tokens (e.g. 15T), "
+                                          "failures and checkpoints included, instead of by step time."),
+    price: float = typer.Option(None, "--price", help="Price per chip-hour, for the cost column of --train-tokens."),
 ) -> None:
     """Search meshes, micro-batching, remat and offload for the fastest plans that fit in memory."""
     from planner.candidates import default_batch_for, parse_fix
@@ -175,7 +222,12 @@ def suggest(
             raise InputError("--export with --json: give --out FILE so that stdout stays one JSON object")
     elif out is not None:
         raise InputError("--out: needs --export maxtext|megatron|json")
+    budget = parse_count("--train-tokens", train_tokens)
+    if price is not None and (budget is None or not price > 0):
+        raise InputError(f"--price: expected a positive price per chip-hour together with --train-tokens, got {price}")
     result = search(m, chip, job, chips, cons, top=top, exhaustive=exhaustive)
+    if budget is not None:
+        rerank_by_time_to_train(result, budget, price)
     if as_json:
         print_json({**suggestion_dict(result), "notes": [note] if note else []})
     else:

@@ -34,7 +34,7 @@ def validate(
     fsdp: int = typer.Option(1, "--fsdp", help="Fully-sharded data-parallel degree."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
     cp: int = typer.Option(1, "--cp", help="Context (sequence) parallel degree."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree (not supported by the validator yet)."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree (GPipe stages; layers must divide by it)."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE only)."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-step per model replica."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage over the dp axis (0-3)."),
@@ -42,7 +42,19 @@ def validate(
     no_sp: bool = typer.Option(False, "--no-sequence-parallel", help="Disable sequence parallelism on tp."),
     plan_file: str = typer.Option("", "--plan", help="A plan file (planner plan files); its model and degrees."),
     plan_set: str = typer.Option("", "--set", help="Validate a named plan set instead (quick, cpu8)."),
-    devices: int = typer.Option(8, "--devices", help="Host-platform devices to create (CPU) / to use."),
+    devices: int = typer.Option(8, "--devices", help="Host-platform devices to create (CPU) / to use; with "
+                                "--num-processes, the global count."),
+    grad_accum: int = typer.Option(0, "--grad-accum", help="Micro-batches per step of a pipeline plan (0: pp)."),
+    plan_timeout: float = typer.Option(0.0, "--plan-timeout",
+                                       help="Seconds a plan's compile may take before it is reported as timed out "
+                                            "(0: no limit); the other plans still run."),
+    coordinator: str = typer.Option("", "--coordinator", envvar="PLANNER_COORDINATOR",
+                                    help="HOST:PORT of process 0: run as one JAX program over several processes "
+                                         "(jax.distributed.initialize; gloo collectives on CPU)."),
+    num_processes: int = typer.Option(1, "--num-processes", envvar="PLANNER_NUM_PROCESSES",
+                                      help="Processes of a multi-process run (with --coordinator)."),
+    process_id: int = typer.Option(0, "--process-id", envvar="PLANNER_PROCESS_ID",
+                                   help="This process's index, 0..N-1 (with --coordinator)."),
     steps: int = typer.Option(3, "--steps", help="Timed steps after one warm-up step (0: compile only)."),
     d_model: int = typer.Option(128, "--d-model", help="Width of the scaled-down model."),
     layers: int = typer.Option(2, "--layers", help="Layers of the scaled-down model."),
@@ -64,8 +76,15 @@ def validate(
 
     o.positive("--devices", devices)
     chip = load_hardware(hardware)
+    if grad_accum < 0:
+        raise InputError(f"--grad-accum: expected 0 (auto) or a positive integer, got {grad_accum}")
     scale = Scale(d_model=o.positive("--d-model", d_model), n_layers=o.positive("--layers", layers),
-                  seq_len=o.positive("--seq-len", seq_len))
+                  seq_len=o.positive("--seq-len", seq_len), micro_steps=grad_accum)
+    local_devices = devices
+    if coordinator:
+        from planner.validate.distributed import check_args
+
+        local_devices = check_args(coordinator, num_processes, process_id, devices)
     if plan_set:
         if plan_set not in PLAN_SETS:
             raise InputError(f"--set: unknown plan set {plan_set!r}; expected one of {', '.join(PLAN_SETS)}")
@@ -84,44 +103,60 @@ def validate(
         check_devices(plan, devices)
         scale_down(runs[0][1], plan, scale)
     if not jax_loaded():
-        set_host_devices(devices)
+        set_host_devices(local_devices)
         if fast_compile:
             import os
 
             os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
     import jax
 
-    from planner.validate.compare import run_plan
+    from cli.progress import progress
+    from planner.validate.compare import ABANDONED_COMPILES, run_plan
 
+    restore_stdout = None
+    if coordinator:
+        from planner.validate.distributed import initialize, stdout_to_stderr
+
+        restore_stdout = stdout_to_stderr() if as_json else None  # gloo's messages would corrupt the JSON
+        initialize(coordinator, num_processes, process_id)
     have = len(jax.devices())
     results = []
-    for i, (name, m, plan) in enumerate(runs, 1):
-        if plan.chips > have:
-            raise InputError(f"devices: plan {name} needs {plan.chips} devices but jax sees {have}; "
-                             f"lower the degrees or raise --devices")
-        typer.echo(f"[{i}/{len(runs)}] {name}: compiling and running ...", err=True)
-        r = run_plan(name, m, plan, chip, devices=have, steps=steps, scale=scale,
-                     time_steps=not calibrate_out, keep_runner=bool(calibrate_out))
-        typer.echo(f"[{i}/{len(runs)}] {name}: " + (f"FAILED {r.error}" if r.error else
-                   f"compiled in {r.compile_s:.1f} s"), err=True)
-        results.append(r)
-    calibration = _calibrate(results, chip, hardware, calibrate_out, steps) if calibrate_out else None
+    with progress(as_json) as bar:
+        bar.stage("validate", len(runs))
+        for name, m, plan in runs:
+            if plan.chips > have:
+                raise InputError(f"devices: plan {name} needs {plan.chips} devices but jax sees {have}; "
+                                 f"lower the degrees or raise --devices")
+            bar.start(f"{name}: compiling and running")
+            r = run_plan(name, m, plan, chip, devices=have, steps=steps, scale=scale,
+                         time_steps=not calibrate_out, keep_runner=bool(calibrate_out), timeout_s=plan_timeout)
+            bar.done(f"{name}: " + (f"FAILED {r.error}" if r.error else f"compiled in {r.compile_s:.1f} s"))
+            results.append(r)
+        calibration = _calibrate(results, chip, hardware, calibrate_out, steps, bar) if calibrate_out else None
     checks = [c.to_dict() for r in results for c in r.checks]
     checks += [{"plan": r.name, "quantity": "compile", "predicted": None, "xla": None, "error_pct": None,
                 "ok": False, "note": r.error} for r in results if r.error]
     bad = any(not c["ok"] for c in checks)
+    if restore_stdout:
+        restore_stdout()
     if as_json:
         print_json({"checks": checks, "plans": [_plan_info(r) for r in results],
                     **({"calibration": calibration} if calibration else {})})
     else:
         _print_table(results)
+    if ABANDONED_COMPILES:  # a timed-out compile may still be running in XLA: leave without waiting for it
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if bad else 0)
     if bad:
         # typer.Exit would be swallowed by click's standalone_mode=False (cli.main ignores the return code)
         sys.stdout.flush()
         sys.exit(1)
 
 
-def _calibrate(results, chip, hardware: str, out: str, steps: int) -> dict:
+def _calibrate(results, chip, hardware: str, out: str, steps: int, bar) -> dict:
     from pathlib import Path
 
     from hardware.catalog import PROFILE_DIR
@@ -134,8 +169,14 @@ def _calibrate(results, chip, hardware: str, out: str, steps: int) -> dict:
         write_profile,
     )
 
-    time_in_rounds(results, chip, rounds=5, steps=max(1, min(steps, 3)),
-                   log=lambda msg: typer.echo(f"calibrate: {msg}", err=True))
+    rounds = 5
+    bar.stage("calibrate", rounds)
+
+    def log(msg: str) -> None:  # one call per finished timing round
+        bar.start(msg)
+        bar.done(f"calibrate: {msg}")
+
+    time_in_rounds(results, chip, rounds=rounds, steps=max(1, min(steps, 3)), log=log)
     cases = cases_from(results, chip)
     if len(cases) < 3:
         raise InputError(f"--calibrate-out: needs at least 3 plans that ran (got {len(cases)}); use --set cpu8")
@@ -144,9 +185,13 @@ def _calibrate(results, chip, hardware: str, out: str, steps: int) -> dict:
     cal, stats = fit_efficiency(cases, chip)
     after = summary(predicted_times(cases, cal), meas)
     base = Path(hardware) if hardware.endswith((".yaml", ".yml")) else PROFILE_DIR / f"{hardware}.yaml"
-    path = write_profile(cal, base, Path(out), f"[FIT] efficiencies fitted by planner validate on {len(cases)} plans")
-    typer.echo(f"calibrate: Spearman {before['spearman']:.3f} -> {after['spearman']:.3f}, median |error| "
-               f"{before['median_error_pct']:.1f}% -> {after['median_error_pct']:.1f}%; wrote {path}", err=True)
+    import jax
+
+    path = Path(out)
+    if jax.process_index() == 0:  # one writer in a multi-process run
+        path = write_profile(cal, base, path, f"[FIT] efficiencies fitted by planner validate on {len(cases)} plans")
+    bar.log(f"calibrate: Spearman {before['spearman']:.3f} -> {after['spearman']:.3f}, median |error| "
+            f"{before['median_error_pct']:.1f}% -> {after['median_error_pct']:.1f}%; wrote {path}")
     return {"before": before, "after": after, "rows": stats["rows"], "profile": str(path),
             "eff": dict(cal.eff.__dict__)}
 
@@ -155,7 +200,7 @@ def _plan_info(r) -> dict:
     from cli.render import plan_dict
 
     d = {"plan": r.name, "config": plan_dict(r.plan), "error": r.error, "notes": r.notes,
-         "compile_s": r.compile_s, "step_times_s": r.step_times_s}
+         "compile_s": r.compile_s, "step_times_s": r.step_times_s, "loss": r.loss}
     if r.model is not None:
         m = r.model
         d["scaled_model"] = {"n_layers": m.n_layers, "d_model": m.d_model, "n_heads": m.n_heads,

@@ -102,6 +102,7 @@ class Suggestion:
     plans: list[PlanResult] = field(default_factory=list)
     stats: SearchStats = field(default_factory=SearchStats)
     infeasible: Infeasible | None = None
+    goodput: dict = field(default_factory=dict)  # id(PlanResult) -> costmodel.goodput.Goodput when re-ranked
 
 
 def _lb0(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cache: dict) -> float:

@@ -293,3 +293,21 @@ def test_cli_replan(tmp_path):
     bad = run_cli("replan", "--plan", str(h), "--chips", "12")
     assert bad.returncode == 2 and "nearest valid chip counts" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_suggest_ranks_by_days_to_train():
+    r = run_cli("suggest", "--model", "8B", "--chips", "16", "--hardware", "tpu-v5p", "--top", "3",
+                "--train-tokens", "1T", "--price", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    days = [p["days_to_train"] for p in d["plans"]]
+    assert d["ranked_by"] == "days_to_train" and days == sorted(days)
+    # Days at least the ideal tokens / throughput; cost = chips x hours x price.
+    best = d["plans"][0]
+    assert best["days_to_train"] * 86400 >= 1e12 / best["tokens_per_s"]
+    assert best["cost"] == pytest.approx(16 * best["days_to_train"] * 24 * 2, rel=0.05)
+
+
+def test_suggest_train_tokens_bad_input():
+    r = run_cli("suggest", "--model", "8B", "--chips", "16", "--train-tokens", "lots")
+    assert r.returncode == 2 and "--train-tokens" in r.stderr and "Traceback" not in r.stderr

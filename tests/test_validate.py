@@ -18,7 +18,7 @@ from costmodel.catalog import load_model
 from costmodel.plan import Plan
 from hardware.errors import InputError
 from planner.validate import hlo
-from planner.validate.scale import check_devices, scale_down
+from planner.validate.scale import Scale, check_devices, scale_down
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANNER = str(Path(sys.executable).with_name("planner"))
@@ -45,6 +45,10 @@ def test_hlo_collective_parsing():
     assert got == [("all-gather", 128 * 8 * 16 * 4, 4, "fsdp"), ("all-reduce", (64 + 64) * 4, 2, "dp"),
                    ("reduce-scatter", 16 * 2 * 4, 4, "fsdp"), ("collective-permute", 32, 2, "dp")]
     assert hlo.ring_traffic("all-reduce", 100, 4) == 150
+    # a pipeline shift over pp runs on every dp replica at once: its axis is pp, not all the axes the pairs span
+    pp_mesh = {"dp": 2, "pp": 2, "fsdp": 1, "ep": 1, "cp": 1, "tp": 1}
+    line = "  %cp.1 = f32[1,64,64]{2,1,0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{2,3}}"
+    assert [(c.kind, c.bytes, c.axes) for c in hlo.collectives(line, pp_mesh)] == [("collective-permute", 16384, "pp")]
 
 
 def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
@@ -53,15 +57,22 @@ def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
     assert job.seq_len % 2 == 0 and small.n_heads // small.n_kv_heads == 2
     moe, _, _ = scale_down(load_model("mixtral-8x7b"), Plan(ep=4, dp=2))
     assert moe.n_experts % 4 == 0 and moe.experts_per_token == 2
-    with pytest.raises(InputError, match="pipeline"):
-        scale_down(load_model("llama3-8b"), Plan(pp=2))
+    small, job, _ = scale_down(load_model("llama3-8b"), Plan(pp=2, dp=2))
+    assert small.n_layers == 2 and job.global_batch == 2 * 2  # micro-batches per step: pp of them by default
+    with pytest.raises(InputError, match="--layers 4"):
+        scale_down(load_model("llama3-8b"), Plan(pp=4), Scale(n_layers=2))
+    with pytest.raises(InputError, match="one weight-splitting axis"):
+        scale_down(load_model("llama3-8b"), Plan(pp=2, tp=2, fsdp=2))
+    with pytest.raises(InputError, match="--vpp 1"):
+        scale_down(load_model("llama3-8b"), Plan(pp=2, vpp=2))
     with pytest.raises(InputError, match="only 8 exist"):
         check_devices(Plan(dp=4, tp=4), 8)
 
 
 def test_cli_bad_input_exits_2_with_one_line():
-    for args, needle in ((["--dp", "4", "--tp", "4"], "only 8 exist"), (["--pp", "2"], "use --pp 1"),
-                         (["--ep", "2"], "--ep 1")):
+    for args, needle in ((["--dp", "4", "--tp", "4"], "only 8 exist"), (["--pp", "4"], "use --layers 4"),
+                         (["--pp", "2", "--tp", "2", "--fsdp", "2"], "--pp 1"), (["--ep", "2"], "--ep 1"),
+                         (["--coordinator", "nohost"], "HOST:PORT")):
         r = subprocess.run([PLANNER, "validate", *args], capture_output=True, text=True, env=_env(), timeout=60)
         assert r.returncode == 2, r.stderr
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -86,11 +97,11 @@ def has_jax():
 
 def test_sharded_step_equals_one_device_step(has_jax):
     r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
-                        "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full"],
+                        "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 2
+    assert len(rows) == 3  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row
@@ -140,3 +151,89 @@ def test_cpu_calibration_recovers_synthetic_step_times():
     after = summary(predicted_times(cases, cal), meas)
     assert after["median_error_pct"] < 5 and after["spearman"] > 0.9, (after, cal.eff)
     assert replace(cal, eff=chip.eff) == chip  # only the efficiencies change
+
+
+def test_validate_pipeline_plan_compare(has_jax):
+    """pp=2 x dp=2: the compare path runs, XLA's collective-permute bytes equal the cost model's pp point-to-point
+    bytes (2 * M micro-batch activations; M = pp), and the FLOPs of the dots match once the GPipe bubble ticks and
+    the per-stage output projection are added (compare.pipeline_flops_adjustment)."""
+    r = subprocess.run([PLANNER, "validate", "--pp", "2", "--dp", "2", "--steps", "0", "--d-model", "64",
+                        "--seq-len", "64", "--fast-compile", "--json"],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    by = {c["quantity"]: c for c in out["checks"]}
+    assert "compile" not in by, by
+    perm = by["collective_bytes:collective-permute"]
+    assert perm["ok"] and perm["xla"] == perm["predicted"] > 0, perm
+    assert by["matmul_flops"]["ok"] and by["state_bytes"]["ok"], (by["matmul_flops"], by["state_bytes"])
+    assert out["plans"][0]["xla_collectives_by_axis"]["collective-permute@pp"] == perm["xla"]
+
+
+def test_validate_two_processes_jax_distributed(has_jax):
+    """The multi-host path: two processes on localhost (4 CPU devices each, 8 in the mesh), gloo collectives."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = ["validate", "--dp", "2", "--fsdp", "4", "--steps", "1", "--d-model", "64", "--seq-len", "64",
+            "--fast-compile", "--json", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    procs = [subprocess.Popen([PLANNER, *args, "--process-id", str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT) for i in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=240))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    if any(p.returncode not in (0, 1) for p in procs) and any("gloo" in err.lower() and "unavailable" in err.lower()
+                                                             for _, err in outs):
+        pytest.skip("gloo CPU collectives are unavailable in this jax build")
+    results = []
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode in (0, 1), err[-2000:]
+        d = json.loads(out)
+        assert d["plans"][0]["error"] == "" and d["plans"][0]["loss"] is not None, d["plans"][0]
+        results.append(d)
+    assert results[0]["plans"][0]["loss"] == results[1]["plans"][0]["loss"]
+    same = [{k: c[k] for k in ("quantity", "predicted", "xla")} for c in results[0]["checks"]
+            if c["quantity"] != "step_time_s"]
+    assert same == [{k: c[k] for k in ("quantity", "predicted", "xla")} for c in results[1]["checks"]
+                    if c["quantity"] != "step_time_s"]
+
+
+FAILING_COMPILES = """
+import sys, time
+from planner.validate import set_host_devices
+set_host_devices(8)
+import planner.validate.compare as c
+real = c.lower_and_compile
+def fake(step):
+    if step.cfg.plan.tp == 4:
+        raise RuntimeError("injected compile failure")
+    if step.cfg.plan.cp == 2:
+        time.sleep(600)
+    return real(step)
+c.lower_and_compile = fake
+from cli.main import main
+sys.argv = ["planner", "validate", "--set", "quick", "--steps", "0", "--d-model", "64", "--seq-len", "64",
+            "--fast-compile", "--json", "--plan-timeout", "15"]
+main()
+"""
+
+
+def test_compile_failure_and_timeout_are_reported_per_plan(has_jax):
+    r = subprocess.run([sys.executable, "-c", FAILING_COMPILES], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    info = {p["plan"]: p for p in out["plans"]}
+    assert "injected compile failure" in info["tp4-sp-dp2-selective"]["error"]
+    assert "within 15 s" in info["cp2-fsdp4-none"]["error"]
+    assert info["fsdp4-dp2-full"]["error"] == ""  # the other plan's results are kept
+    qs = {(c["plan"], c["quantity"]) for c in out["checks"]}
+    assert ("fsdp4-dp2-full", "state_bytes") in qs
+    assert {("tp4-sp-dp2-selective", "compile"), ("cp2-fsdp4-none", "compile")} <= qs

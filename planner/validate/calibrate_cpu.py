@@ -97,4 +97,5 @@ def time_in_rounds(results: list[PlanResult], chip: Chip, rounds: int = 5, steps
     for r in results:
         if r.runner is not None:
             r.checks.append(step_time_check(r, r.predicted_step_s, chip))
+            r.loss = r.runner.last_loss
             r.runner = None

@@ -66,6 +66,7 @@ class PlanResult:
     job: Job | None = None
     xla: dict = field(default_factory=dict)
     runner: object = None  # StepRunner when run_plan(keep_runner=True)
+    loss: float | None = None  # loss of the last step run
 
     @property
     def measured_step_s(self) -> float:
@@ -104,7 +105,38 @@ def attention_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float:
     a = sum(op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, False) if op.is_attention)
     n = attention_chunks(plan, job.seq_len)
     r = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
-    return m.n_layers * a * ((n + 1) / n - 1) * (3 + r)
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-steps (pipeline plans only)
+    return m.n_layers / plan.pp * accum * a * ((n + 1) / n - 1) * (3 + r)
+
+
+def pipeline_replicated_param_bytes(m: ModelSpec, job: Job, plan: Plan) -> float:
+    """fp32 bytes per device of the parameters the validator's pipeline keeps on every stage beyond the cost
+    model's one embedding table per stage (the untied output projection); 0 without pp."""
+    import math
+
+    from costmodel.memory import weight_shard_degrees
+
+    if plan.pp == 1:
+        return 0.0
+    extra = m.embedding_params() - m.vocab_size * m.d_model
+    return 4.0 * extra / plan.tp / math.prod(weight_shard_degrees(job, plan).values())
+
+
+def pipeline_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, per_device_flops: float) -> float:
+    """Per-device FLOPs the validator's GPipe step (planner.validate.pipeline) computes beyond `per_device_flops`,
+    the cost model's per-chip average (with the attention adjustment); 0 without pp.
+
+    Two terms: (1) every stage runs its layers, forward and backward, on M + pp - 1 ticks, not M (SPMD stages
+    compute through the bubble): the layer FLOPs x (pp - 1) / M more; (2) every stage computes the output
+    projection (fwd + bwd) on its outputs, where the per-chip average puts it on one stage of pp."""
+    if plan.pp == 1:
+        return 0.0
+    from costmodel.flops import logits_op
+
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
+    head = 3 * logits_op(m, plan.micro_batch * job.seq_len / plan.cp, plan.tp).flops * accum  # one stage
+    layers = per_device_flops - head / plan.pp
+    return layers * (plan.pp - 1) / accum + head * (1 - 1 / plan.pp)
 
 
 def error_pct(pred: float, xla: float) -> float | None:
@@ -150,24 +182,63 @@ def predicted_collectives(cost: Cost, plan: Plan, merge_rs: bool) -> dict[str, t
 
 def run_plan(name: str, m_full: ModelSpec, plan: Plan, chip: Chip, devices: int = 8, steps: int = 3,
              scale: Scale = Scale(), time_steps: bool = True, compute_dtype: str = "float32",
-             keep_runner: bool = False) -> PlanResult:
+             keep_runner: bool = False, timeout_s: float = 0.0) -> PlanResult:
     """Validate one plan; errors (bad input, compile failures) land in `result.error`, not as exceptions.
 
     keep_runner (with time_steps False): keep the compiled step in `result.runner` to time it later, e.g. in
-    rounds interleaved with other plans so that a shared machine's load drift hits every plan alike."""
+    rounds interleaved with other plans so that a shared machine's load drift hits every plan alike.
+    timeout_s > 0: a compile that takes longer is reported as this plan's error (see compile_with_timeout)."""
     res = PlanResult(name, plan)
     try:
         check_devices(plan, devices)
         small, job, notes = scale_down(m_full, plan, scale)
         res.model, res.job, res.notes = small, job, notes
-        _run(res, small, job, plan, chip, steps, time_steps, compute_dtype, keep_runner)
+        _run(res, small, job, plan, chip, steps, time_steps, compute_dtype, keep_runner, timeout_s)
     except Exception as e:  # reported per plan; the other plans still run
         res.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
     return res
 
 
+class CompileTimeout(TimeoutError):
+    pass
+
+
+ABANDONED_COMPILES: list = []  # threads of compiles given up on (the caller may want to exit without them)
+
+
+def lower_and_compile(step):
+    return step.fn.lower(*step.abstract_inputs()).compile()
+
+
+def compile_with_timeout(step, timeout_s: float = 0.0):
+    """step.fn lowered and compiled ahead of time; with timeout_s > 0 the compile runs in a daemon thread and a
+    CompileTimeout is raised after timeout_s (XLA cannot be interrupted: the thread is left to finish in the
+    background and recorded in ABANDONED_COMPILES)."""
+    if timeout_s <= 0:
+        return lower_and_compile(step)
+    import threading
+
+    box: dict = {}
+
+    def work():
+        try:
+            box["out"] = lower_and_compile(step)
+        except BaseException as e:  # handed to the caller
+            box["err"] = e
+
+    th = threading.Thread(target=work, name="planner-validate-compile", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        ABANDONED_COMPILES.append(th)
+        raise CompileTimeout(f"compile did not finish within {timeout_s:g} s (--plan-timeout)")
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
 def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, steps: int, time_steps: bool,
-         compute_dtype: str, keep_runner: bool) -> None:
+         compute_dtype: str, keep_runner: bool, timeout_s: float = 0.0) -> None:
     import jax
 
     from planner.validate import hlo
@@ -176,7 +247,7 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     cfg = Setup(small, plan, job.seq_len, job.global_batch, compute_dtype)
     step = build_step(cfg, make_mesh(plan))
     t0 = time.perf_counter()
-    compiled = step.fn.lower(*step.abstract_inputs()).compile()
+    compiled = compile_with_timeout(step, timeout_s)
     res.compile_s = time.perf_counter() - t0
     mem = hlo.memory(compiled)
     flops = hlo.flops(compiled)
@@ -203,6 +274,10 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     extra = attention_flops_adjustment(small, job, plan)
     pred_flops = cost.hardware_flops_per_step / plan.chips + extra
     why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + block-causal attention {extra:.4g}"
+    if plan.pp > 1:
+        pipe = pipeline_flops_adjustment(small, job, plan, pred_flops)
+        pred_flops += pipe
+        why += f" + GPipe bubble ticks and output projection on every stage {pipe:.4g}"
     res.checks.append(_check(name, "flops", pred_flops, flops, why + "; XLA cost_analysis incl. element-wise ops"))
     res.checks.append(_check(name, "matmul_flops", pred_flops, hlo.matmul_flops(text),
                              why + "; XLA: the dots of the optimized HLO"))
@@ -210,15 +285,22 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     b = cost.memory
     working_copy = 0.0
     if compute_dtype == "float32":
-        working_copy = b["weights"] - _param_bytes(cost, act_bytes)
+        working_copy = b["weights"] - _param_bytes(small, chip, job, plan, act_bytes)
     batch_bytes = 2 * job.global_batch * job.seq_len * 4 / (plan.batch_shards * plan.cp)
     state_pred = b["weights"] - working_copy + b["optimizer"]
     state_xla = mem["argument"] - batch_bytes - 4  # minus tokens, targets and the step counter
     peak_pred = cost.peak_memory_bytes - working_copy
+    state_note = "fp32 weights + Adam moments"
+    pipe_extra = pipeline_replicated_param_bytes(small, job, plan)
+    if pipe_extra:
+        state_pred += 3 * pipe_extra  # weights + 2 Adam moments
+        peak_pred += 4 * pipe_extra  # ... + their gradients
+        state_note += (f"; + {3 * pipe_extra / 2**20:.3f} MiB: the validator keeps the output projection on every "
+                       "pipeline stage (the cost model: one table per end stage)")
     res.checks.append(_check(name, "memory_bytes", peak_pred, mem["peak"],
                              "XLA: argument + output + temp - alias; prediction without the bf16 compute copy"
                              if working_copy else "XLA: argument + output + temp - alias"))
-    res.checks.append(_check(name, "state_bytes", state_pred, state_xla, "fp32 weights + Adam moments"))
+    res.checks.append(_check(name, "state_bytes", state_pred, state_xla, state_note))
     res.checks.append(_check(name, "temp_bytes", peak_pred - state_pred, mem["temp"] + mem["output"] - mem["alias"],
                              "gradients, activations, logits, gathered weights (XLA temp + unaliased output)"))
     # Collectives per kind
@@ -233,6 +315,7 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     if time_steps and steps > 0:
         runner = StepRunner(compiled, step.inputs())
         res.step_times_s = runner.run(steps)
+        res.loss = runner.last_loss
         res.checks.append(step_time_check(res, cost.step_time_s, chip))
     elif keep_runner:
         res.runner = StepRunner(compiled, step.inputs())
@@ -244,6 +327,7 @@ class StepRunner:
 
     def __init__(self, compiled, inputs):
         self.compiled, self.state, self.warm = compiled, list(inputs), False
+        self.last_loss: float | None = None
 
     def _step(self) -> float:
         import jax
@@ -252,8 +336,10 @@ class StepRunner:
         t = time.perf_counter()
         params, opt, loss = self.compiled(params, opt, tokens, targets)
         jax.block_until_ready(loss)
+        dt = time.perf_counter() - t
         self.state = [params, opt, tokens, targets]
-        return time.perf_counter() - t
+        self.last_loss = float(loss)  # replicated: readable on every process of a multi-process run
+        return dt
 
     def run(self, steps: int) -> list[float]:
         if not self.warm:
@@ -267,8 +353,12 @@ def step_time_check(res: PlanResult, predicted_s: float, chip: Chip) -> Check:
                   f"{chip.name} profile, median of {len(res.step_times_s)} steps after warm-up")
 
 
-def _param_bytes(cost: Cost, act_bytes: int) -> float:
-    """fp32 weight bytes on this chip: weights = params * (4 + act_bytes) under MaxText's convention (fp32 weights
-    plus the compute copy)."""
-    w = cost.memory["weights"]
-    return w * 4 / (4 + act_bytes) if cost.convention == "maxtext" else w
+def _param_bytes(m: ModelSpec, chip: Chip, job: Job, plan: Plan, act_bytes: int) -> float:
+    """Stored weight bytes on this chip (the `weights` memory term less any compute copy), from the cost model's
+    own memory terms."""
+    from costmodel.memory import memory_terms
+
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
+    with activation_bytes(act_bytes):
+        mt = memory_terms(m, chip, job, plan, accum)
+    return 0.0 if plan.offload_params else mt.param_elems * mt.param_bytes

@@ -16,6 +16,8 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     ("cp2-tp2-fsdp2-sp-selective", "llama3-8b", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("selective"))),
     ("moe-ep2-tp2-dp2-full", "mixtral-8x7b", Plan(ep=2, tp=2, dp=2, zero=1, remat=remat_policy("full"))),
     ("dp2-fsdp4-none-zero3", "llama3-8b", Plan(dp=2, fsdp=4, zero=3, remat=remat_policy("none"))),
+    ("pp2-full", "llama3-8b", Plan(pp=2, remat=remat_policy("full"))),
+    ("pp2-dp2-fsdp2-selective", "llama3-8b", Plan(pp=2, dp=2, fsdp=2, remat=remat_policy("selective"))),
 ]
 
 
@@ -27,6 +29,7 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, l
     from planner.validate.model import Setup, build_step, make_mesh, single_device_plan
     from planner.validate.scale import Scale, scale_down
 
+    layers *= plan.pp  # pipeline plans: `layers` per stage
     small, job, _ = scale_down(load_model(model_name), plan, Scale(d_model=d_model, seq_len=seq_len, n_layers=layers))
     out = []
     for pl in (plan, single_device_plan(plan)):
@@ -34,6 +37,8 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, l
         step = build_step(cfg, make_mesh(pl), donate=False)
         params, _, tokens, targets = step.inputs(seed=1)
         loss, grads = step.grad_fn(params, tokens, targets)
+        if hasattr(step, "unstack"):  # pipeline plans stack the layers per stage: back to the flat layer list
+            grads = step.unstack(grads)
         out.append((float(loss), jax.tree.map(np.asarray, grads)))
     (l1, g1), (l0, g0) = out
     errs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30)),

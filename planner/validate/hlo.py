@@ -109,8 +109,15 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[HloCollective
 
 
 def _permute_axes(pairs: list[list[int]], mesh_shape: dict[str, int]) -> str:
-    flat = sorted({i for p in pairs for i in p})
-    return _axes([flat], mesh_shape)
+    """Mesh axes along which some source -> target pair moves (not the axes the set of all pairs spans: a
+    pipeline shift over 'pp' runs on every dp/fsdp replica at once)."""
+    names, sizes = list(mesh_shape), list(mesh_shape.values())
+    moved: set[str] = set()
+    for pair in pairs:
+        if len(pair) == 2:
+            a, b = np.array(np.unravel_index(np.asarray(pair), sizes)).T
+            moved |= {names[i] for i in range(len(names)) if a[i] != b[i]}
+    return "+".join(n for n in names if n in moved)
 
 
 def ring_traffic(kind: str, nbytes: float, n: int) -> float:

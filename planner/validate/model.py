@@ -42,6 +42,8 @@ class Setup:
     seq_len: int
     global_batch: int
     compute_dtype: str = "bfloat16"
+    attention: str = "chunked"  # or "flash": planner.validate.flash (no s x s scores kept; the TPU compile)
+    grad_clip: float = 0.0  # > 0: clip by global norm (MaxText's gradient_clipping_threshold, default 1.0)
 
     @property
     def cdt(self):
@@ -49,9 +51,10 @@ class Setup:
 
 
 def make_mesh(plan: Plan, devices=None) -> Mesh:
-    sizes = [getattr(plan, a) for a in MESH_AXES]
+    axes = MESH_AXES if plan.pp == 1 else ("dp", "pp", "fsdp", "ep", "cp", "tp")  # pp plans: see pipeline.py
+    sizes = [getattr(plan, a) for a in axes]
     devs = list(devices if devices is not None else jax.devices())[: math.prod(sizes)]
-    return Mesh(np.array(devs).reshape(sizes), MESH_AXES)
+    return Mesh(np.array(devs).reshape(sizes), axes)
 
 
 def single_device_plan(plan: Plan) -> Plan:
@@ -163,6 +166,13 @@ def attention(cfg: Setup, sh: Sharder, p: dict, x):
     k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)
     b, s, h, hd = q.shape
     qg = q.reshape(b, s, m.n_kv_heads, h // m.n_kv_heads, hd)
+    if cfg.attention == "flash":
+        from planner.validate.flash import causal_attention
+
+        r = cfg.plan.cp  # query rows: dimension 1 sharded over cp
+        ctx = causal_attention(qg.reshape(b, r, s // r, *qg.shape[2:]), k, v).reshape(b, s, h, hd)
+        ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
+        return sh.resid(checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj"))
     n = attention_chunks(cfg.plan, s)
     c = s // n
     parts = []
@@ -349,6 +359,10 @@ def make_batch(cfg: Setup, seed: int = 0):
 
 def build_step(cfg: Setup, mesh: Mesh | None = None, donate: bool = True) -> Step:
     mesh = mesh or make_mesh(cfg.plan)
+    if cfg.plan.pp > 1:  # pipeline stages: shard_map over 'pp' with ppermute (planner.validate.pipeline)
+        from planner.validate.pipeline import build_pipeline_step
+
+        return build_pipeline_step(cfg, mesh, donate)
     sh = Sharder(mesh, cfg.plan)
 
     def named(tree):
@@ -367,6 +381,9 @@ def build_step(cfg: Setup, mesh: Mesh | None = None, donate: bool = True) -> Ste
 
     def train_step(params, opt, tokens, targets):
         loss, grads = grads_of(params, tokens, targets)
+        if cfg.grad_clip > 0:  # needs every gradient before any update (XLA can't free them layer by layer)
+            norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+            grads = jax.tree.map(lambda g: g * jnp.minimum(1.0, cfg.grad_clip / (norm + 1e-6)), grads)
         params, mu, nu, count = adam_update(params, grads, opt["mu"], opt["nu"], opt["count"])
         return params, {"mu": mu, "nu": nu, "count": count}, loss
 

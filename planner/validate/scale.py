@@ -27,6 +27,7 @@ class Scale:
     vocab: int = 512
     ffn_mult: int = 2  # ffn_dim = ffn_mult * d_model (MoE experts: d_model)
     max_experts: int = 8
+    micro_steps: int = 0  # micro-batches per step (gradient accumulation) of pp plans; 0: pp of them
 
 
 def _round_up(x: int, k: int) -> int:
@@ -35,8 +36,20 @@ def _round_up(x: int, k: int) -> int:
 
 def unsupported(plan: Plan) -> str:
     """Why the validator cannot run `plan` ('' when it can), phrased as what to change."""
-    if plan.pp > 1 or plan.vpp > 1:
-        return f"pp={plan.pp}: pipeline parallelism is not supported by the validator yet; use --pp 1"
+    if plan.vpp > 1:
+        return f"vpp={plan.vpp}: interleaved (virtual) pipeline stages are not supported by the validator; use --vpp 1"
+    if plan.pp > 1:
+        # Inside the pipeline's shard_map (manual over pp, automatic over the rest), XLA's SPMD partitioner aborts
+        # (a CHECK failure, not an exception) when weights are split along two dimensions: d_model over
+        # fsdp/cp/ZeRO-3 dp, heads and MLP columns over tp, experts over ep. One of them at a time works.
+        split = {"tp": plan.tp, "ep": plan.ep,
+                 "fsdp/cp" + ("/dp (ZeRO-3)" if plan.zero == 3 else ""):
+                     plan.fsdp * plan.cp * (plan.dp if plan.zero == 3 else 1)}
+        two = [f"{k}={v}" for k, v in split.items() if v > 1]
+        if len(two) > 1:
+            return (f"pp={plan.pp} with weights split over {' and '.join(two)}: the validator's pipeline supports "
+                    "one weight-splitting axis at a time alongside pp (XLA aborts otherwise); keep only one of "
+                    "--tp, --ep, --fsdp/--cp above 1 with --pp, or use --pp 1")
     if plan.offload_optimizer or plan.offload_params or plan.remat.count("offload"):
         return "offload: host offload is not supported by the validator; drop --offload"
     if plan.slices > 1:
@@ -90,7 +103,15 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
         head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, sliding_window=0, local_per_global=0,
         q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0, **moe)
-    job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch, precision="bf16", framework="maxtext")
+    if plan.pp > 1 and s.n_layers % plan.pp:
+        raise InputError(f"pp={plan.pp}: the scaled model's {s.n_layers} layers do not split evenly over "
+                         f"{plan.pp} stages; use --layers {-(-s.n_layers // plan.pp) * plan.pp} (a multiple of pp)")
+    if s.micro_steps > 1 and plan.pp == 1:
+        raise InputError(f"micro-steps={s.micro_steps}: the validator accumulates gradients over micro-batches "
+                         "only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
+    accum = (s.micro_steps or plan.pp) if plan.pp > 1 else 1
+    job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch * accum, precision="bf16",
+              framework="maxtext")
     if math.gcd(seq, cp) != cp:
         raise InputError(f"cp={cp}: does not divide the scaled sequence length {seq}")
     return small, job, notes

@@ -1,0 +1,226 @@
+"""Pipeline parallelism for the validator: GPipe stages with `jax.shard_map` over the 'pp' mesh axis.
+
+The layers are split evenly over `pp` stages: stage s holds layers [s*L/pp, (s+1)*L/pp). Their parameters are
+stacked per stage (params["layers"][j][name] has a leading [pp] dimension, sharded over 'pp'; stage s's j-th
+layer is global layer s*L/pp + j); the embedding, final norm and output projection are replicated over 'pp'
+(stage 0 embeds, the last stage computes the loss).
+
+The step runs inside a shard_map that is manual over 'pp' only: the other axes (dp, fsdp, ep, cp, tp) stay
+automatic, so the layer code of planner.validate.model (with its sharding constraints, as bare PartitionSpecs
+on the shard_map's mesh) is reused unchanged. Schedule: GPipe over M micro-batches (M = the job's gradient
+accumulation, global batch / (micro_batch * dp * fsdp * ep)); at tick t stage s runs micro-batch t - s, so the
+unrolled loop has M + pp - 1 ticks, and after each tick but the last the stage's output moves to the next stage
+with `jax.lax.ppermute` (stage 0 receives zeros). The backward pass is jax's transpose of that loop: the
+reverse schedule, its ppermutes going back a stage. Ticks outside a stage's M valid ones compute on zeros or on
+other stages' bubble values that never reach the loss (SPMD runs every stage in lock step: the bubble costs its
+compute, as the cost model's (pp-1) micro-step bubble says).
+
+Known differences from the cost model (reported by compare.py): every stage holds (and Adam-updates) both
+embedding tables and computes the output projection on its outputs (only the last stage's reach the loss); the
+gradients of the pp-replicated parameters are all-reduced over 'pp'; GPipe keeps M micro-batches of activations
+per stage (1F1B keeps min(M, pp); equal for the default M = pp).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from planner.validate.model import (
+    BATCH,
+    Setup,
+    Sharder,
+    Step,
+    adam_update,
+    init_params,
+    layer_fn,
+    make_batch,
+    param_specs,
+    rmsnorm,
+)
+
+
+def micro_steps(cfg: Setup) -> int:
+    """M: micro-batches per step = global batch / (micro_batch * dp * fsdp * ep)."""
+    plan = cfg.plan
+    return max(1, cfg.global_batch // (plan.batch_shards * plan.micro_batch))
+
+
+def unsupported(plan, n_layers: int) -> str:
+    """Why a pp plan cannot run here ('' when it can), phrased as what to change."""
+    if plan.vpp > 1:
+        return f"vpp={plan.vpp}: interleaved (virtual) pipeline stages are not supported by the validator; use --vpp 1"
+    if n_layers % plan.pp:
+        return (f"pp={plan.pp}: the scaled model's {n_layers} layers do not split evenly over {plan.pp} stages; "
+                f"use --layers {-(-n_layers // plan.pp) * plan.pp} (a multiple of pp) or a pp that divides "
+                f"{n_layers}")
+    return ""
+
+
+# ---- parameter layout ------------------------------------------------------------------------------------
+
+def to_stages(params: dict, pp: int) -> dict:
+    """Flat per-layer list -> L/pp layer dicts whose leaves are stacked over the pp stages."""
+    layers = params["layers"]
+    per = len(layers) // pp
+
+    def stack(*xs):
+        if isinstance(xs[0], jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype)
+        return np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
+
+    stacked = [jax.tree.map(stack, *[layers[s * per + j] for s in range(pp)]) for j in range(per)]
+    return {**params, "layers": stacked}
+
+
+def from_stages(params: dict) -> dict:
+    """Inverse of to_stages (e.g. to compare gradients with the one-device step's)."""
+    stacked = params["layers"]
+    pp = jax.tree.leaves(stacked[0])[0].shape[0]
+    layers = [jax.tree.map(lambda a, s=s: a[s], lay) for s in range(pp) for lay in stacked]
+    return {**params, "layers": layers}
+
+
+def stage_param_specs(cfg: Setup, moments: bool = False) -> dict:
+    specs = param_specs(cfg, moments)
+    per = cfg.model.n_layers // cfg.plan.pp
+    specs["layers"] = [{k: P("pp", *s) for k, s in lay.items()} for lay in specs["layers"][:per]]
+    return specs
+
+
+# ---- the pipelined loss ----------------------------------------------------------------------------------
+
+class StageSharder(Sharder):
+    """Sharding constraints inside the shard_map (manual over 'pp'): bare PartitionSpecs on its mesh."""
+
+    def __call__(self, x, *spec):
+        return jax.lax.with_sharding_constraint(x, P(*spec))
+
+
+def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
+    m, plan = cfg.model, cfg.plan
+    S, M = plan.pp, micro_steps(cfg)
+    sh = StageSharder(mesh, plan)
+    f = layer_fn(cfg, sh)
+    layers, rest = params["layers"], {k: v for k, v in params.items() if k != "layers"}
+
+    def stage_program(layers, rest, tokens, targets):
+        cdt = cfg.cdt
+        layers = jax.tree.map(lambda a: a[0].astype(cdt), layers)  # this stage's [1, ...] slice
+        # The pp-replicated parameters turn stage-varying here, once: their gradients are summed over 'pp' once
+        # per step (not the embedding's output gradient once per micro-batch).
+        p = jax.tree.map(lambda a: jax.lax.pcast(a.astype(cdt), "pp", to="varying"), rest)
+        stage = jax.lax.axis_index("pp")
+        fwd_pairs = [(i, i + 1) for i in range(S - 1)]
+        state, outs = None, []
+        for t in range(M + S - 1):  # unrolled: XLA's cost analysis counts every tick
+            if t < M:
+                x0 = sh.resid(jnp.take(p["embed"], tokens[t], axis=0))
+                state = x0 if state is None else sh.resid(jnp.where(stage == 0, x0, state))
+            for lp in layers:
+                state = f(lp, state)
+            if t >= S - 1:
+                outs.append(state)  # the last stage's output of micro-batch t - (S - 1)
+            if t < M + S - 2:
+                state = sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs))
+        w_out = p["embed"].T if m.tied_embeddings else p["unembed"]
+        total = 0.0
+        for k, x in enumerate(outs):
+            x = sh.resid(rmsnorm(x, p["final_norm"]))
+            logits = sh(jnp.einsum("bsd,dv->bsv", x, w_out), BATCH, "cp", "tp").astype(jnp.float32)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            target_logit = jnp.sum(logits * jax.nn.one_hot(targets[k], m.vocab_size, dtype=logits.dtype), axis=-1)
+            total = total + jnp.mean(lse - target_logit)
+        loss = jnp.where(stage == S - 1, total / M, 0.0)
+        return jax.lax.psum(loss, "pp")
+
+    # Micro-batches [M, b, s] outside the shard_map: micro-batch k holds rows k, M + k, 2M + k, ... of the batch,
+    # so that every device keeps its own rows (a local reshape of the batch-sharded tokens).
+    B, s = tokens.shape
+    split = NamedSharding(mesh, P(None, BATCH, "cp"))
+    tokens, targets = (jax.lax.with_sharding_constraint(a.reshape(B // M, M, s).transpose(1, 0, 2), split)
+                       for a in (tokens, targets))
+    rest_specs = jax.tree.map(lambda _: P(), rest)
+    layer_specs = jax.tree.map(lambda _: P("pp"), layers)
+    prog = jax.shard_map(stage_program, mesh=mesh, in_specs=(layer_specs, rest_specs, P(), P()), out_specs=P(),
+                         axis_names=frozenset({"pp"}))
+    return prog(layers, rest, tokens, targets)
+
+
+# ---- the step --------------------------------------------------------------------------------------------
+
+class PipelineStep(Step):
+    """A Step whose parameters (and Adam moments) are stacked per stage (see to_stages)."""
+
+    def host_params(self, seed: int = 0) -> dict:
+        return to_stages(init_params(self.cfg, seed), self.cfg.plan.pp)
+
+    def unstack(self, tree: dict) -> dict:
+        return from_stages(tree)
+
+    def inputs(self, seed: int = 0):
+        cfg = self.cfg
+        host = self.host_params(seed)
+        params = jax.device_put(host, self.shardings["params"])
+        zeros = jax.tree.map(np.zeros_like, host)
+        opt = {"mu": jax.device_put(zeros, self.shardings["moments"]),
+               "nu": jax.device_put(zeros, self.shardings["moments"]), "count": jnp.zeros((), jnp.int32)}
+        tokens, targets = make_batch(cfg, seed)
+        return params, opt, jax.device_put(tokens, self.shardings["batch"]), jax.device_put(targets,
+                                                                                            self.shardings["batch"])
+
+    def abstract_inputs(self):
+        cfg = self.cfg
+        shapes = to_stages(init_params(cfg, shapes_only=True), cfg.plan.pp)
+
+        def sds(tree, shard):
+            return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
+
+        mom = sds(shapes, self.shardings["moments"])
+        opt = {"mu": mom, "nu": mom,
+               "count": jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(self.mesh, P()))}
+        tok = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len), jnp.int32, sharding=self.shardings["batch"])
+        return sds(shapes, self.shardings["params"]), opt, tok, tok
+
+
+def build_pipeline_step(cfg: Setup, mesh, donate: bool = True) -> PipelineStep:
+    from hardware.errors import InputError
+
+    why = unsupported(cfg.plan, cfg.model.n_layers)
+    if why:
+        raise InputError(why)
+    if "pp" not in mesh.axis_names:
+        raise InputError("pp: the mesh has no 'pp' axis; build it with planner.validate.model.make_mesh(plan)")
+
+    def named(tree):
+        return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P))
+
+    p_sh, m_sh = named(stage_param_specs(cfg)), named(stage_param_specs(cfg, moments=True))
+    rep = NamedSharding(mesh, P())
+    b_sh = NamedSharding(mesh, P(BATCH, "cp"))
+    opt_sh = {"mu": m_sh, "nu": m_sh, "count": rep}
+
+    def grads_of(params, tokens, targets):
+        loss, grads = jax.value_and_grad(partial(pipeline_loss, cfg, mesh))(params, tokens, targets)
+        if cfg.plan.zero >= 2:
+            grads = jax.lax.with_sharding_constraint(grads, m_sh)
+        return loss, grads
+
+    def train_step(params, opt, tokens, targets):
+        loss, grads = grads_of(params, tokens, targets)
+        clip = getattr(cfg, "grad_clip", 0.0)  # as model.build_step's train_step
+        if clip > 0:
+            norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+            grads = jax.tree.map(lambda g: g * jnp.minimum(1.0, clip / (norm + 1e-6)), grads)
+        params, mu, nu, count = adam_update(params, grads, opt["mu"], opt["nu"], opt["count"])
+        return params, {"mu": mu, "nu": nu, "count": count}, loss
+
+    fn = jax.jit(train_step, in_shardings=(p_sh, opt_sh, b_sh, b_sh), out_shardings=(p_sh, opt_sh, rep),
+                 donate_argnums=(0, 1) if donate else ())
+    gfn = jax.jit(grads_of, in_shardings=(p_sh, b_sh, b_sh), out_shardings=(rep, p_sh))
+    return PipelineStep(cfg, mesh, fn, gfn, {"params": p_sh, "moments": m_sh, "batch": b_sh, "opt": opt_sh})
