@@ -39,6 +39,8 @@ def estimate(
                                                     "custom:t=c,..."),
     offload: list[str] = typer.Option(None, "--offload", help="optimizer, params, or remat tensors to offload."),
     slices: int = typer.Option(None, "--slices", help="TPU slices joined over DCN (default 1)."),
+    vocab_tiles: int = typer.Option(None, "--vocab-tiles", help="Compute logits/loss in this many token chunks "
+                                                                "(MaxText num_vocab_tiling; default 1)."),
     no_sp: bool = typer.Option(False, "--no-sequence-parallel", help="Disable sequence parallelism on tp."),
     precision: str = typer.Option(None, "--precision", help="Matmul precision: bf16 (default), fp8 or int8."),
     framework: str = typer.Option(None, "--framework", help="State/collective conventions: maxtext (default), "
@@ -57,7 +59,7 @@ def estimate(
     from planner.planfile import save_plan
 
     flags = dict(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
-                 slices=slices)
+                 slices=slices, vocab_tiles=vocab_tiles)
     pf = resolve_source(plan_file, from_maxtext, from_megatron, hardware, chips, model, required=False)
     if pf is None:
         needed = (("--model", model), ("--chips", chips), ("--global-batch", global_batch))
@@ -71,7 +73,7 @@ def estimate(
         plan = o.make_plan(*(1 if flags[k] is None else flags[k] for k in ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp",
                                                                          "micro_batch")),
                            0 if zero is None else zero, remat or "full", offload, 1 if slices is None else slices,
-                           not no_sp)
+                           not no_sp, 1 if vocab_tiles is None else vocab_tiles)
         hw_ref = hardware or "tpu-v5p"
     else:
         if plan_file:  # --plan: flags given here override the file

@@ -39,10 +39,12 @@ def make_job(seq_len: int, global_batch: int, precision: str, framework: str, we
 
 
 def make_plan(dp: int, fsdp: int, tp: int, cp: int, pp: int, ep: int, vpp: int, micro_batch: int, zero: int,
-              remat: str, offload: list[str] | None, slices: int, sequence_parallel: bool = True) -> Plan:
+              remat: str, offload: list[str] | None, slices: int, sequence_parallel: bool = True,
+              vocab_tiles: int = 1) -> Plan:
     """Plan from flags. --offload takes 'optimizer', 'params' and/or tensor names (e.g. qkv_proj)."""
     for name, v in (("--dp", dp), ("--fsdp", fsdp), ("--tp", tp), ("--cp", cp), ("--pp", pp), ("--ep", ep),
-                    ("--vpp", vpp), ("--micro-batch", micro_batch), ("--slices", slices)):
+                    ("--vpp", vpp), ("--micro-batch", micro_batch), ("--slices", slices),
+                    ("--vocab-tiles", vocab_tiles)):
         positive(name, v)
     policy = parse_remat(remat)
     opt = par = False
@@ -63,4 +65,4 @@ def make_plan(dp: int, fsdp: int, tp: int, cp: int, pp: int, ep: int, vpp: int, 
             raise InputError(f"--offload: expected 'optimizer', 'params' or remat tensor names; {e}") from None
     return Plan(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
                 sequence_parallel=sequence_parallel, remat=policy, offload_optimizer=opt, offload_params=par,
-                slices=slices)
+                slices=slices, vocab_tiles=vocab_tiles)

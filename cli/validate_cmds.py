@@ -65,6 +65,9 @@ def validate(
     calibrate_out: str = typer.Option("", "--calibrate-out",
                                       help="Time the plans in interleaved rounds, fit the profile's efficiencies "
                                            "to them and write the calibrated profile here (a --hardware file)."),
+    target: str = typer.Option("", "--target",
+                               help="Compile for a TPU topology instead (tpu-v5p:2x2x2, tpu-v6e:2x4, tpu-v5e:2x2; "
+                                    "needs libtpu, no TPU): full width, --seq-len is the real one (128 -> 4096)."),
     as_json: bool = o.JSON,
 ) -> None:
     """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model."""
@@ -99,6 +102,11 @@ def validate(
             plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, 1, micro_batch, zero, remat, None, 1, not no_sp)
             m_full, label = load_model(model), "plan"
         runs = [(label, m_full, plan)]
+        if target:  # XLA:TPU ahead-of-time compile at full width (cli.validate_tpu_cmd)
+            from cli.validate_tpu_cmd import DEFAULT_SEQ, run_target
+
+            seq = pf.job.seq_len if plan_file and seq_len == 128 else (DEFAULT_SEQ if seq_len == 128 else seq_len)
+            return run_target(target, plan, m_full, label, seq, as_json)
         # Bad input is checked before jax starts: one line saying what to change, exit 2.
         check_devices(plan, devices)
         scale_down(runs[0][1], plan, scale)

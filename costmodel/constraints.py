@@ -56,6 +56,14 @@ def check_framework_rules(job: Job, plan: Plan) -> None:
         if plan.pp > 1 and accum % plan.pp:
             raise InputError(f"micro_batch: MaxText needs the pipeline micro-batch count ({accum}) to be a "
                              f"multiple of pp ({plan.pp})")
+    if plan.vocab_tiles > 1:
+        tokens = plan.micro_batch * job.seq_len // plan.cp
+        if job.framework != "maxtext":
+            raise InputError(f"vocab_tiles: vocab tiling (num_vocab_tiling) is a maxtext setting; framework "
+                             f"{job.framework!r} computes the logits whole (expected vocab_tiles 1)")
+        if tokens % plan.vocab_tiles:
+            raise InputError(f"vocab_tiles: must divide the tokens per micro-batch on a chip ({tokens}), "
+                             f"got {plan.vocab_tiles}")
     if job.framework == "megatron":
         if plan.cp > 1 and job.seq_len % (2 * plan.cp):
             raise InputError(f"cp: Megatron needs seq_len ({job.seq_len}) divisible by 2*cp ({2 * plan.cp})")

@@ -64,20 +64,18 @@ def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
     return 2 * m.d_model / sp + ffn * k / plan.tp
 
 
-def jax_companion_elems(m: ModelSpec, plan: Plan, moe: bool, choices: dict[str, str]) -> float:
-    """Tensors XLA keeps next to saved MaxText checkpoints (read off the TPU compiler's buffer assignment of
-    MaxText 0.2.5's step, benchmarks/maxtext_memory): with the q/k/v projections saved, the rotated q, k and
-    v that the attention kernel takes as residuals; with the MLP input projections saved (gated MLP), their
-    gated product, the MLP output matmul's input; and a second residual-stream tensor per layer (d values per
-    token) beside the scanned layer input."""
-    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
-    sp = plan.tp if plan.sequence_parallel else 1
-    extra = m.d_model / sp if choices["layer_input"] == "device" else 0.0
-    if choices["qkv_proj"] == "device":
-        extra += (m.q_dim + 2 * m.kv_dim) / plan.tp
-    if choices["mlp_in"] == "device" and m.gated_mlp:
-        extra += ffn * k / plan.tp
-    return extra
+def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer_input: bool, tp: int) -> float:
+    """Bytes XLA:TPU keeps beside the scanned layer checkpoints of MaxText's step (stack_bytes: the checkpoints
+    of all layers; layer_grad_bytes: the fp32 gradients of all layers' weights on this chip).
+
+    Read off MaxText 0.2.5's compiled step (libtpu 0.0.46.3) by sweeping the layer count of each configuration
+    (benchmarks/maxtext_memory/NOTES.md, "Per-layer slopes"): the backward layer loop needs one more buffer
+    beside its inputs and outputs. With only the layer input saved (full remat) it was a second copy of the
+    checkpoint stack; with more tensors saved, the smaller of the checkpoint stack and the fp32 weight-gradient
+    stack (XLA copies whichever is cheaper). With tensor parallelism a further fp32 weight-gradient stack was
+    live."""
+    extra = stack_bytes if only_layer_input else min(stack_bytes, layer_grad_bytes)
+    return extra + (layer_grad_bytes if tp > 1 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -156,8 +154,10 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         el = tensor_elems_per_token(m, plan, moe)
         extra = extra_saved_elems_per_token(m, plan, moe)
         dev = sum(el[t] for t in TENSORS if choices[t] == "device")
-        if job.framework == "maxtext" and plan.remat.count("remat") > 0:
-            dev += jax_companion_elems(m, plan, moe, choices)
+        if job.framework == "maxtext" and plan.remat.count("remat") > 0 and choices["mlp_out"] == "device":
+            # The MLP output matmul's result is not needed by the backward pass (the residual add's gradient
+            # takes no values), so XLA drops the checkpoint (not in the TPU compiler's buffer assignment).
+            dev -= el["mlp_out"]
         if plan.remat.count("remat") == 0:
             # Nothing recomputed: the norm outputs and MLP activation are kept too, and the MLP output is the
             # next layer's input (already counted there), as in Korthikanti et al.'s per-layer sum.
@@ -170,13 +170,18 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     else:
         inflight = 1
     act_saved = saved * layers_stage * inflight
+    if job.framework == "maxtext" and plan.remat.count("remat") > 0:
+        only_input = plan.remat.count("device") == 1 and choices["layer_input"] == "device"
+        layer_grads = grad_params * 4 * body / (body + emb)
+        act_saved += xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
     # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
     act_working = none_all
     # Logits and loss (vocab-sharded by tp, on the last stage). PyTorch stacks: bf16 logits plus their fp32
     # upcast for the cross-entropy, the gradient reusing the fp32 buffer (6 B). XLA (MaxText) fuses the fp32
     # log-softmax into its consumers: bf16 logits and their bf16 gradient (4 B; matches the TPU compile).
     logit_bytes = 4 if job.framework == "maxtext" else 6
-    logits = tokens * m.vocab_size / plan.tp * logit_bytes
+    # Vocab tiling (MaxText num_vocab_tiling) computes logits, loss and their gradient one token chunk at a time.
+    logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
     # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
     coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
 

@@ -134,9 +134,10 @@ class Plan:
     offload_optimizer: bool = False  # optimizer state (and its update) on host memory
     offload_params: bool = False  # master parameters on host memory, streamed in per step
     slices: int = 1  # TPU slices over DCN
+    vocab_tiles: int = 1  # logits and loss computed in this many chunks of the tokens (MaxText num_vocab_tiling)
 
     def __post_init__(self) -> None:
-        for name in (*AXES, "vpp", "micro_batch", "slices"):
+        for name in (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"plan field {name!r}: expected a positive integer, got {v!r}")

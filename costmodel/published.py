@@ -75,6 +75,18 @@ def _capacity_factor(row: dict[str, str]) -> float:
     return float(hit.group(1)) if hit else 0.0
 
 
+def _vocab_tiles(row: dict[str, str]) -> int:
+    """'num_vocab_tiling 16' in a row's notes (MaxText's chunked logits/loss)."""
+    hit = re.search(r"num_vocab_tiling[ =]\s*(\d+)", row.get("notes") or "")
+    return int(hit.group(1)) if hit else 1
+
+
+def _weight_dtype(row: dict[str, str], framework: str) -> str:
+    """'weight_dtype=bfloat16' in a MaxText row's notes (bf16 weights and moments)."""
+    hit = re.search(r"weight_dtype[ =]\s*bfloat16", row.get("notes") or "")
+    return "bfloat16" if hit and framework == "maxtext" else "float32"
+
+
 def _remat(row: dict[str, str]) -> str:
     name = (row.get("remat") or "").strip() or "full"
     if name != "custom":
@@ -109,7 +121,7 @@ def row_to_case(row: dict[str, str]) -> Case:
         capacity_factor=_capacity_factor(row) if n_exp else 0.0, **_sliding_window(row))
     precision = {"fp16": "bf16"}.get(row.get("precision") or "bf16", row.get("precision") or "bf16")
     job = Job(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"), precision=precision,
-              framework=convention)
+              framework=convention, weight_dtype=_weight_dtype(row, convention))
     deg = {a: _int(row, a, 1) for a in ("dp", "fsdp", "tp", "cp", "pp", "ep")}
     shards = deg["dp"] * deg["fsdp"] * deg["ep"]
     if fw == "maxtext" or fw == "palm":
@@ -123,7 +135,7 @@ def row_to_case(row: dict[str, str]) -> Case:
         zero = 3 if deg["fsdp"] > 1 else 0
     sp = deg["tp"] > 1 and not (row.get("source") or "").startswith("narayanan2021")
     plan = Plan(**deg, vpp=_int(row, "vpp", 1) or 1, micro_batch=max(1, micro), zero=zero, sequence_parallel=sp,
-                remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1)
+                remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1, vocab_tiles=_vocab_tiles(row))
     return Case(row["id"], row.get("source") or "", model, load_hardware(row["hardware"]), job, plan,
                 float(row["measured_step_time_s"]))
 

@@ -220,6 +220,7 @@ def maxtext_config(pf: PlanFile) -> tuple[dict[str, Any], Adapted]:
     keys["shard_optimizer_over_data"] = plan.zero >= 1
     keys["optimizer_memory_host_offload"] = plan.offload_optimizer
     keys["parameter_memory_host_offload"] = plan.offload_params
+    keys["num_vocab_tiling"] = plan.vocab_tiles
     extra = tuple(model_notes) + ((mesh_note,) if mesh_note else ())
     return keys, replace(ad, notes=ad.notes + extra)
 

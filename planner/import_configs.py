@@ -392,7 +392,8 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
                 sequence_parallel=True, remat=_maxtext_remat(k, m.gated_mlp, notes),
                 offload_optimizer=k.bool("optimizer_memory_host_offload"),
                 offload_params=k.bool("parameter_memory_host_offload"),
-                slices=slices if chip.scale_up.kind == "torus" else 1)
+                slices=slices if chip.scale_up.kind == "torus" else 1,
+                vocab_tiles=k.int("num_vocab_tiling", 1))
     if chip.scale_up.kind == "torus":
         _check_dcn_matches(plan, dcn, where, notes)
     return _finish(where, m, model_ref, chip, hw_ref, total, job, plan, notes)

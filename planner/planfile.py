@@ -29,7 +29,7 @@ VERSION = 1
 TOP_FIELDS = ("version", "description", "model", "hardware", "chips", "job", "plan", "predicted")
 REQUIRED_TOP = ("version", "model", "hardware", "chips", "job", "plan")
 PLAN_FIELDS = ("degrees", "slices", "ici", "dcn", "micro_batch", "vpp", "zero", "sequence_parallel", "remat",
-               "offload_optimizer", "offload_params")
+               "offload_optimizer", "offload_params", "vocab_tiles")
 PREDICTED_FIELDS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "fits")
 MODEL_META = ("name", "description", "source")
 
@@ -187,7 +187,7 @@ def _plan_from(data: dict, where: str) -> Plan:
         raise InputError(f"{where}: missing field 'plan.degrees' (a mapping of {', '.join(AXES)} to integers)")
     deg = _degrees(data["degrees"], where, "plan.degrees")
     kw: dict[str, Any] = dict(deg)
-    for f in ("slices", "micro_batch", "vpp"):
+    for f in ("slices", "micro_batch", "vpp", "vocab_tiles"):
         if f in data:
             kw[f] = _int(data[f], where, f"plan.{f}")
     if "zero" in data:
@@ -300,6 +300,8 @@ def plan_dict(plan: Plan, chip: Chip | None) -> dict:
     out.update(micro_batch=plan.micro_batch, vpp=plan.vpp, zero=plan.zero,
                sequence_parallel=plan.sequence_parallel, remat=_remat_dict(plan.remat),
                offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params)
+    if plan.vocab_tiles > 1:
+        out["vocab_tiles"] = plan.vocab_tiles
     return out
 
 

@@ -94,6 +94,25 @@ def test_maxtext_bf16_weight_dtype_and_grad_accumulation_state():
         Job(seq_len=128, global_batch=8, framework="megatron", weight_dtype="bfloat16")
 
 
+def test_xla_loop_extra_buffer_rule():
+    from costmodel.memory import xla_loop_extra_bytes
+
+    assert xla_loop_extra_bytes(5.0, 3.0, only_layer_input=True, tp=1) == 5.0  # full remat: stack copied
+    assert xla_loop_extra_bytes(5.0, 3.0, only_layer_input=False, tp=1) == 3.0  # the cheaper copy
+    assert xla_loop_extra_bytes(2.0, 3.0, only_layer_input=False, tp=1) == 2.0
+    assert xla_loop_extra_bytes(5.0, 3.0, only_layer_input=True, tp=2) == 8.0  # plus a gradient stack under tp
+    # In memory_terms: `minimal` on a tiny model, where the stack (by hand) is smaller than the layer gradients.
+    m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
+    job = Job(seq_len=128, global_batch=8)
+    mem = memory_terms(m, V5P, job, Plan(fsdp=8, micro_batch=1, zero=3, remat=REMAT_POLICIES["minimal"]), accum=1)
+    # Saved per token and layer: input 256 + q,k,v 768 + out_proj 256 + gated MLP inputs 2048 (the MLP output is
+    # dropped by XLA), bf16, 4 layers x 128 tokens = 3.41 MB; the fp32 gradients of the layers' weights
+    # (4 B x 4 layers x (4*256^2 + 3*256*1024 + 2*256) / 8 chips = 2.10 MB) are the cheaper extra buffer.
+    stack = 4 * 128 * (256 + 768 + 256 + 2048) * 2
+    grads = 4 * 4 * (4 * 256**2 + 3 * 256 * 1024 + 2 * 256) / 8
+    assert mem.breakdown["activations"] == pytest.approx(stack + grads)
+
+
 def test_megatron_convention_and_zero1():
     m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
     job = Job(seq_len=128, global_batch=16, framework="megatron")

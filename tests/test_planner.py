@@ -217,7 +217,10 @@ def test_infeasible_job_is_explained():
     s = search(load_model("1T"), V5P, Job(4096, 1024), 64)
     assert not s.plans and s.infeasible is not None
     assert "no plan fits" in s.infeasible.reason and "GiB" in s.infeasible.reason
-    assert any("--chips 128" in tip for tip in s.infeasible.suggestions)
+    # The suggested chip count is larger and really fits.
+    tip = next(t for t in s.infeasible.suggestions if "--chips" in t)
+    more = int(tip.split("--chips ")[1].split()[0])
+    assert more > 64 and search(load_model("1T"), V5P, Job(4096, 1024), more).plans
 
 
 def test_batch_too_small_is_an_input_error():

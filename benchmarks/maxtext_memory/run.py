@@ -103,6 +103,14 @@ CONFIGS: list[Config] = [
     Config("l2-7b_v5p8_b2_s2048_full_ga2", "llama2-7b", "v5p-8", 2, 2048, "full",
            extra={"gradient_accumulation_steps": 2}),
     Config("gpt3-175b_v5p128_b1_s2048_full", "gpt3-175b", "v5p-128", 1, 2048, "full"),
+    # holdout: added after costmodel/memory.py's XLA loop-buffer rule was read off the configs above (and their
+    # layer-count sweeps); not used to derive it
+    Config("l2-13b_v5p32_b2_s4096_minimal", "llama2-13b", "v5p-32", 2, 4096, "minimal"),
+    Config("l3-8b_v5p16_b2_s4096_savedotexceptmlp", "llama3-8b", "v5p-16", 2, 4096, "save_dot_except_mlp"),
+    Config("mistral-7b_v6e8_b1_s8192_full_tp2", "mistral-7b", "v6e-8", 1, 8192, "full", tensor=2),
+    Config("l3-70b_v5p128_b1_s8192_saveqkv", "llama3-70b", "v5p-128", 1, 8192, "save_qkv_proj"),
+    Config("qwen3-8b_v6e16_b2_s4096_minimal", "qwen3-8b", "v6e-16", 2, 4096, "minimal"),
+    Config("l2-7b_v5p32_b4_s2048_full_tp4", "llama2-7b", "v5p-32", 4, 2048, "full", tensor=4),
 ]
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
@@ -183,6 +191,7 @@ def run_one(cfg: Config, mt: Path, timeout: int) -> dict:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another libtpu user (e.g. planner validate) may be running
     log_path = log_dir / f"{cfg.id}.log"
     t0 = time.time()
     status, err, rss_kb = "ok", "", 0
