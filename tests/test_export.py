@@ -54,6 +54,9 @@ MAXTEXT_CASES = {
     "host-offload": pf("llama3-8b", "tpu-v6e", 256, 4096, 512, fsdp=256, remat="minimal_offloaded",
                        offload_optimizer=True, offload_params=True),
     "size-shorthand": pf("1T", "tpu-v5p", 2048, 4096, 2048, fsdp=256, tp=8),
+    "bf16-weights-vocab-tiling": PlanFile(load_model("llama3-8b"), load_hardware("tpu-v6e"), 64,
+                                          Job(8192, 128, weight_dtype="bfloat16"),
+                                          Plan(fsdp=64, micro_batch=2, vocab_tiles=4), "llama3-8b", "tpu-v6e"),
 }
 MEGATRON_CASES = {
     "tp-dp-distopt": pf("llama3-8b", "h100-sxm", 64, 4096, 256, "megatron", dp=16, tp=4, zero=1, remat="selective"),
