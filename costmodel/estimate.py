@@ -15,7 +15,7 @@ from costmodel.constraints import check_plan
 from costmodel.cost import Collective, Cost
 from costmodel.flops import Op, layer_ops, logits_op, model_flops_per_token
 from costmodel.job import Job
-from costmodel.memory import MemoryTerms, memory_terms, param_counts_per_chip, weight_shard_degrees
+from costmodel.memory import MemoryTerms, memory_terms, weight_shard_degrees
 from costmodel.model import ModelSpec
 from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan
 from hardware.chip import Chip
@@ -194,17 +194,17 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
         out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
         out.append(_coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl))
-        # The embedding and output tables are sharded the same way: gathered for the forward pass and again for
-        # the backward pass, gradients reduce-scattered, once per micro-step (not hidden: they open and close the
-        # step, where no layer compute runs beside them).
-        emb = param_counts_per_chip(m, plan)[2]
-        if emb > 0:
-            t_eag = group_time(wlinks, "all-gather", emb * BF16, chip, flat)
-            t_ers = group_time(wlinks, "reduce-scatter", emb * mem.grad_reduce_bytes, chip, flat)
-            out.append(_coll("fsdp", "all-gather", "embedding fwd+bwd", 2 * micro_steps, emb * BF16, t_eag,
-                             2 * micro_steps * t_eag, lvl))
-            out.append(_coll("fsdp", "reduce-scatter", "embedding grads", micro_steps, emb * mem.grad_reduce_bytes,
-                             t_ers, micro_steps * t_ers, lvl))
+        # The output projection (logits) table is sharded the same way: gathered once per micro-step and kept for
+        # the backward pass, its gradient reduce-scattered once; not hidden (it opens and closes the step). The
+        # input embedding lookup runs on the sharded table and moves only the looked-up rows (small). Read off
+        # the validator's compiled HLO (planner validate, fsdp plans: one table's bytes each way).
+        table = m.vocab_size * m.d_model / plan.tp
+        t_eag = group_time(wlinks, "all-gather", table * BF16, chip, flat)
+        t_ers = group_time(wlinks, "reduce-scatter", table * mem.grad_reduce_bytes, chip, flat)
+        out.append(_coll("fsdp", "all-gather", "output table", micro_steps, table * BF16, t_eag,
+                         micro_steps * t_eag, lvl))
+        out.append(_coll("fsdp", "reduce-scatter", "output table grads", micro_steps, table * mem.grad_reduce_bytes,
+                         t_ers, micro_steps * t_ers, lvl))
 
     # Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     # ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
