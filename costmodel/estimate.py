@@ -72,17 +72,19 @@ def op_time(op: Op, chip: Chip, peak: float) -> float:
 def recomputed_ops(ops: list[Op], plan: Plan, job: Job) -> list[Op]:
     """Forward ops rerun in backward because their output tensor is rematerialised.
 
-    JAX/XLA semantics (MaxText): an op reruns only if its output is needed by the backward pass; the MLP
-    output (last op of the layer) is not, so it is never rerun. PyTorch/Megatron full recompute reruns the
+    JAX/XLA semantics (MaxText): an op reruns only if its output is needed by the backward pass; a dense MLP
+    output (last op of the layer) is not, so it is never rerun, but an MoE layer's expert outputs are (the
+    router's gradient weighs them: seen in the validator's HLO). PyTorch/Megatron full recompute reruns the
     whole layer forward, including the MLP output matmul. The router reruns with the MLP input.
     """
     choices = plan.remat.choices()
+    moe = any(op.name == "router" for op in ops)
     out = []
     for op in ops:
         tensor = op.produces or ("mlp_in" if op.name == "router" else "")
         if not tensor or choices[tensor] != "remat":
             continue
-        if tensor == "mlp_out" and job.framework != "megatron":
+        if tensor == "mlp_out" and job.framework != "megatron" and not (moe and choices["mlp_in"] == "remat"):
             continue
         out.append(op)
     return out
@@ -208,11 +210,22 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
 
     # Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     # ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
+    # Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
+    # gradients are reduced over dp x ep in one collective, the experts' over dp alone.
+    moe_ep = plan.ep > 1 and m.n_moe_layers > 0
+    shared = mem.non_expert_param_elems if moe_ep else 0.0
     if plan.dp > 1 and plan.zero < 3:
-        gbytes = mem.grad_elems_for_reduce * mem.grad_reduce_bytes
+        gbytes = (mem.grad_elems_for_reduce - shared) * mem.grad_reduce_bytes
         t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)
         exposed = max(0.0, t - ov * st.bwd)
-        out.append(_coll("dp", "all-reduce", "grads", 1, gbytes, t, exposed, links["dp"].level))
+        out.append(_coll("dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes, t, exposed,
+                         links["dp"].level))
+    if moe_ep:
+        group = [links["dp"], links["ep"]] if plan.dp > 1 and plan.zero < 3 else [links["ep"]]
+        gbytes = shared * mem.grad_reduce_bytes
+        t = group_time(group, "all-reduce", gbytes, chip)
+        out.append(_coll("dp+ep" if len(group) > 1 else "ep", "all-reduce", "non-expert grads", 1, gbytes, t,
+                         max(0.0, t - ov * st.bwd), group[-1].level))
 
     # Context parallel: all-gather K and V per layer forward; backward gathers again and reduce-scatters dK, dV.
     if plan.cp > 1:
@@ -223,11 +236,12 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
                                                                          / layers))
         out.append(_coll("cp", "all-gather", "keys/values", 3 * n, kv_bytes, t, exposed, links["cp"].level))
 
-    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward.
+    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward, and again when the
+    # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above).
     if plan.ep > 1 and m.n_moe_layers:
         a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
         t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
-        count = 4 * m.n_moe_layers / plan.pp * micro_steps
+        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * m.n_moe_layers / plan.pp * micro_steps
         out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))
 
     # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.

@@ -88,6 +88,7 @@ class MemoryTerms:
     optimizer_param_elems: float  # parameters whose optimizer state this chip holds and updates
     grad_elems_for_reduce: float  # gradient elements this chip contributes to the dp reduction (before ZeRO-2 split)
     layer_weight_elems: float  # one layer's weights on this chip before fsdp sharding (the gathered size)
+    non_expert_param_elems: float  # parameters on this chip that every ep rank holds (reduced over ep)
     offload_bytes_per_layer: float  # activations moved to host per layer per micro-step
     peak_bytes: float
     host_bytes: float
@@ -104,6 +105,13 @@ def weight_shard_degrees(job: Job, plan: Plan) -> dict[str, int]:
     if plan.zero == 3:
         out["dp"] = plan.dp
     return out
+
+
+def expert_params_per_chip(m: ModelSpec, plan: Plan) -> float:
+    """Routed-expert weights on this chip before fsdp sharding (sharded over ep, tp and pp)."""
+    if not m.is_moe:
+        return 0.0
+    return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (plan.pp * plan.tp)
 
 
 def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float]:
@@ -209,5 +217,6 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         convention=job.framework + (" (bf16 weights)" if job.weight_dtype == "bfloat16" else ""),
         param_bytes=w_b, grad_reduce_bytes=g_b, adam_bytes_per_param=adam_b,
         param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
-        layer_weight_elems=layer_w, offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
+        layer_weight_elems=layer_w, non_expert_param_elems=params - expert_params_per_chip(m, plan) / weight_shards,
+        offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
         host_bytes=host, breakdown=breakdown)

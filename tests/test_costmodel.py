@@ -280,3 +280,20 @@ def test_bench_published_json(tmp_path):
     assert rows["r1"]["predicted_step_time_s"] > 0 and "error_pct" in rows["r1"]
     assert "skipped" in rows["r2"]
     assert "overall" in out["mape_pct"]
+
+
+def test_expert_parallel_collectives_by_hand():
+    # TINY_MOE on dp2 x ep4: experts (4 of 3 x 64 x 32 per layer) are split over ep and reduced over dp; every
+    # other weight is replicated over dp and ep, so its gradient is reduced over dp x ep in one all-reduce.
+    job = Job(seq_len=16, global_batch=8)
+    plan = Plan(dp=2, ep=4, micro_batch=1, remat=REMAT_POLICIES["full"])
+    c = estimate(TINY_MOE, V5P, job, plan, 8)
+    by = {(x.axis, x.kind, x.purpose): x for x in c.collectives}
+    expert = 2 * 4 / 4 * 3 * 64 * 32  # layers x experts per rank x params per expert
+    non_expert = TINY_MOE.total_params() - 2 * 4 * 3 * 64 * 32 - 64  # the final norm is not in the split
+    assert by["dp", "all-reduce", "expert grads"].bytes_each == pytest.approx(4 * expert)
+    assert by["dp+ep", "all-reduce", "non-expert grads"].bytes_each == pytest.approx(4 * non_expert)
+    # Dispatch + combine forward and backward, rerun with the recomputed MoE block: 6 per MoE layer.
+    a2a = by["ep", "all-to-all", "tokens"]
+    assert a2a.count == 6 * 2
+    assert a2a.bytes_each == pytest.approx(16 * 2 * 64 * 2)  # tokens x top-2 x d x bf16
