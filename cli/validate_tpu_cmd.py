@@ -22,7 +22,7 @@ def run_target(target: str, plan, m_full, label: str, seq_len: int, as_json: boo
     t = parse_target(target)
     check_tpu_plan(m_full, plan, seq_len, t)
     require_libtpu()
-    typer.echo(f"{label}: compiling {m_full.name} for {t.name} at full width (2 and 4 layers) ...", err=True)
+    typer.echo(f"{label}: compiling {m_full.name} for {t.name} at full width and depth ...", err=True)
     r = validate_tpu(label, m_full, plan, seq_len, t)
     typer.echo(f"{label}: " + (f"FAILED {r.error}" if r.error else f"compiled in {r.compile_s:.0f} s"), err=True)
     checks = [c.to_dict() for c in r.checks]

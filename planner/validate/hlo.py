@@ -95,6 +95,8 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[HloCollective
         if m.group("start") and typ.startswith("("):
             # async start: a tuple of (operands..., results...); count the results half
             parts = _SHAPE_RE.findall(typ)
+            if any(d for _, d in parts):  # XLA:TPU appends scalar u32[] context to collective-permute-start
+                parts = [p for p in parts if p[1]]
             half = parts[len(parts) // 2:]
             nbytes = shape_bytes(" ".join(f"{d}[{s}]" for d, s in half))
         groups = _groups(line)

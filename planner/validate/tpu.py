@@ -1,0 +1,469 @@
+"""Compile the validator's training step for a real TPU topology on a CPU host, and hold the cost model against it.
+
+With `libtpu` installed (`pip install "jax[tpu]"`), `jax.experimental.topologies.get_topology_desc` describes a TPU
+slice (v5p, v5e, v6e) whose devices `jit(...).lower(...).compile()` accepts without any TPU attached: XLA:TPU's
+own compiler runs on the host and reports, per chip, its buffer assignment (`memory_analysis()`: argument,
+output, alias and temp bytes), its cost analysis (FLOPs) and the optimized HLO with every collective. MaxText's
+`train_compile` uses the same mechanism.
+
+What is compiled: the validator's step (planner.validate.model) at FULL width (the model's d_model, heads,
+KV heads, ffn and vocabulary), the real sequence length and the plan's micro-batch per batch shard, bf16
+compute with fp32 parameters and fp32 Adam moments (MaxText's weight_dtype=float32 / dtype=bfloat16 defaults,
+the cost model's `maxtext` convention), donated state, and flash-style attention (planner.validate.flash:
+only q, k, v, the output and the log-sum-exp are kept; no s x s scores).
+
+Depth: by default (scan=True) the step runs its layers under `jax.lax.scan` over stacked [L, ...] fp32 parameters,
+as MaxText does (scan_layers=true), so the FULL depth compiles in the time of one layer and nothing is extrapolated.
+This matters: with unrolled layers XLA:TPU keeps the gradients as bf16 shards and sinks the bf16 cast of the
+weights into each layer's all-gather (about 2 B per parameter held instead of 6), and its scheduler's choices
+vary with the layer count, so a 2- and 4-layer unrolled compile did not extrapolate (the temp bytes fell from 2 to
+4 layers). Two traps of the scanned program are handled: XLA's cost analysis counts a while body once, so the
+step is compiled again with two layers per scan iteration and FLOPs = F1 + (L - 1) * (F2 - F1); and collectives
+inside the loop are weighted by its trip count (read off the loop condition, `i < N`; XLA:TPU may itself unroll
+the loop by two and halve N, which the count follows). scan=False keeps the unrolled step (planner.validate.model),
+compiled with layers[0] and layers[1] layers and extrapolated linearly, X(L) = X(a) + (L - a)(X(b) - X(a))/(b - a).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field, replace
+
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import Plan
+from hardware.errors import InputError
+from planner.validate.compare import Check, _check, predicted_collectives
+
+# generation: (libtpu topology prefix, chip_config_name, hardware profile)
+GENERATIONS = {
+    "v5p": ("v5", "megacore", "tpu-v5p"),
+    "v5e": ("v5e", "default", "tpu-v5e"),
+    "v6e": ("v6e", "default", "tpu-v6e"),
+}
+TOLERANCE_PCT = {"memory_bytes": 5.0, "state_bytes": 1.0, "flops": 5.0, "collective_bytes": 10.0}
+LIBTPU_HINT = ('the TPU compiler (libtpu) is not installed in this Python; install it with '
+               '`pip install -U "jax[tpu]"` (jax, jaxlib and libtpu of one release; no TPU is needed)')
+
+
+@dataclass(frozen=True)
+class Target:
+    generation: str  # v5p | v5e | v6e
+    dims: tuple[int, ...]
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.dims)
+
+    @property
+    def hardware(self) -> str:
+        return GENERATIONS[self.generation][2]
+
+    @property
+    def name(self) -> str:
+        return f"tpu-{self.generation}:{'x'.join(map(str, self.dims))}"
+
+
+def parse_target(text: str) -> Target:
+    """'tpu-v5p:2x2x2' (or 'v5p:2x2x2') -> Target. v5p topologies are 3-D, v5e and v6e 2-D (chips per side)."""
+    m = re.fullmatch(r"(?:tpu-)?(v5p|v5e|v6e):(\d+(?:x\d+)*)", text.strip())
+    if not m:
+        raise InputError(f"--target: expected tpu-GEN:TOPOLOGY with GEN one of {', '.join(GENERATIONS)} "
+                         f"(e.g. tpu-v5p:2x2x2, tpu-v6e:2x4), got {text!r}")
+    gen, dims = m.group(1), tuple(int(x) for x in m.group(2).split("x"))
+    want = 3 if gen == "v5p" else 2
+    if len(dims) != want or min(dims) < 1:
+        raise InputError(f"--target: a {gen} topology has {want} dimensions (e.g. "
+                         f"{'2x2x2' if want == 3 else '2x4'}), got {m.group(2)!r}")
+    return Target(gen, dims)
+
+
+def have_libtpu() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def require_libtpu() -> None:
+    if not have_libtpu():
+        raise InputError(f"--target: {LIBTPU_HINT}")
+
+
+def topology_devices(t: Target) -> list:
+    """The devices of TPU topology `t` (ahead-of-time compilation only; nothing runs on them)."""
+    require_libtpu()
+    # Compiling needs no TPU; don't wait on (or fail at) the lock that guards a real TPU's device files.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # XLA:TPU may turn an FSDP matmul into a "windowed einsum" loop (a ring of collective-permutes of weight slices,
+    # no gathered layer) nested in the layer loop, whose FLOPs its cost analysis counts once per loop body (seen on
+    # llama3-8b, v6e 2x4, fsdp 8, seq 8192: FLOPs -40%). Off, so that the compile does what the cost model
+    # assumes (whole-layer all-gathers and reduce-scatters) and every FLOP is counted. On that plan the windowed
+    # version needed 3.0 GB less per chip (29.47 vs 32.49 GB): no whole gathered layer and no unreduced gradient
+    # of one. Set LIBTPU_INIT_ARGS with any windowed_einsum flag to choose otherwise. Must precede libtpu's init.
+    if "windowed_einsum" not in os.environ.get("LIBTPU_INIT_ARGS", ""):
+        os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") +
+                                          " --xla_tpu_enable_windowed_einsum_for_all_gather=false"
+                                          " --xla_tpu_enable_windowed_einsum_for_reduce_scatter=false").strip()
+    from jax.experimental.topologies import get_topology_desc
+
+    prefix, chip_config, _ = GENERATIONS[t.generation]
+    dims3 = (*t.dims, 1) if len(t.dims) == 2 else t.dims
+    host = (2, 2, 1) if t.chips >= 4 else (*dims3[:2], 1)
+    wrap = tuple(d >= (4 if t.generation == "v5p" else 16) for d in dims3)  # full torus rings (MaxText's table)
+    desc = get_topology_desc(platform="tpu", topology_name=f"{prefix}:{'x'.join(map(str, t.dims))}",
+                             chip_config_name=chip_config, chips_per_host_bounds=host, num_slices=1, wrap=wrap)
+    return list(desc.devices)
+
+
+def tpu_mesh(plan: Plan, devices: list):
+    """The plan's mesh over the topology's devices, laid out by mesh_utils (ICI-aware) when it can."""
+    import numpy as np
+    from jax.experimental import mesh_utils
+    from jax.sharding import Mesh
+
+    from planner.validate.model import MESH_AXES
+
+    sizes = [getattr(plan, a) for a in MESH_AXES]
+    try:
+        arr = mesh_utils.create_device_mesh(sizes, devices)
+    except Exception:  # an odd shape mesh_utils cannot place: row-major order
+        arr = np.array(devices).reshape(sizes)
+    return Mesh(arr, MESH_AXES)
+
+
+@dataclass
+class Compiled:
+    """What XLA:TPU reports for one compile (per chip)."""
+
+    layers: int
+    compile_s: float
+    memory: dict[str, float]
+    flops: float
+    collectives: dict[str, float]  # bytes per HLO collective kind (a loop body counted per iteration)
+    unroll: int = 0  # layers per scan iteration (0: unrolled layers)
+
+
+@dataclass
+class TpuResult:
+    name: str
+    target: Target
+    plan: Plan
+    model: ModelSpec | None = None
+    job: Job | None = None
+    compiles: list[Compiled] = field(default_factory=list)
+    full: dict = field(default_factory=dict)  # extrapolated to the model's layer count
+    per_layer: dict = field(default_factory=dict)  # slope per layer
+    predicted: dict = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def compile_s(self) -> float:
+        return sum(c.compile_s for c in self.compiles)
+
+
+def scanned_step(cfg, mesh, unroll: int = 1):
+    """The validator's step with the layers under `jax.lax.scan` over stacked [L, ...] fp32 parameters, as MaxText
+    runs it (scan_layers=true): (jitted step, abstract inputs). The layer body, remat policy, attention, loss and
+    Adam are planner.validate.model's; each layer's weights are cast to bf16 inside the scanned body."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from planner.validate.model import (
+        BATCH,
+        Sharder,
+        adam_update,
+        init_params,
+        layer_fn,
+        param_specs,
+        rmsnorm,
+    )
+
+    m, cdt = cfg.model, cfg.cdt
+    sh = Sharder(mesh, cfg.plan)
+
+    def stacked_specs(moments: bool) -> dict:
+        s = param_specs(cfg, moments)
+        s["layers"] = {k: P(None, *v) for k, v in s["layers"][0].items()}
+        return jax.tree.map(lambda x: NamedSharding(mesh, x), s, is_leaf=lambda x: isinstance(x, P))
+
+    def stacked_shapes() -> dict:
+        one = init_params(replace(cfg, model=replace(m, n_layers=1)), shapes_only=True)
+        one["layers"] = {k: jax.ShapeDtypeStruct((m.n_layers, *v.shape), v.dtype)
+                         for k, v in one["layers"][0].items()}
+        return one
+
+    p_sh, m_sh = stacked_specs(False), stacked_specs(True)
+    rep, b_sh = NamedSharding(mesh, P()), NamedSharding(mesh, P(BATCH, "cp"))
+    layer = layer_fn(cfg, sh)
+
+    def loss(params, tokens, targets):
+        p = {k: v.astype(cdt) for k, v in params.items() if k != "layers"}
+        x = sh.resid(jnp.take(p["embed"], tokens, axis=0))
+
+        def body(x, lp):
+            return layer(jax.tree.map(lambda a: a.astype(cdt), lp), x), None
+
+        x, _ = jax.lax.scan(body, x, params["layers"], unroll=unroll)
+        x = rmsnorm(x, p["final_norm"])
+        w_out = p["embed"].T if m.tied_embeddings else p["unembed"]
+        logits = sh(jnp.einsum("bsd,dv->bsv", x, w_out), BATCH, "cp", "tp").astype(jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        target_logit = jnp.sum(logits * jax.nn.one_hot(targets, m.vocab_size, dtype=logits.dtype), axis=-1)
+        return jnp.mean(lse - target_logit)
+
+    def train_step(params, opt, tokens, targets):
+        lval, grads = jax.value_and_grad(loss)(params, tokens, targets)
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        grads = jax.tree.map(lambda g: g * jnp.minimum(1.0, cfg.grad_clip / (norm + 1e-6)), grads)
+        params, mu, nu, count = adam_update(params, grads, opt["mu"], opt["nu"], opt["count"])
+        return params, {"mu": mu, "nu": nu, "count": count}, lval
+
+    opt_sh = {"mu": m_sh, "nu": m_sh, "count": rep}
+    fn = jax.jit(train_step, in_shardings=(p_sh, opt_sh, b_sh, b_sh), out_shardings=(p_sh, opt_sh, rep),
+                 donate_argnums=(0, 1))
+    shapes = stacked_shapes()
+
+    def sds(tree, shard):
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
+
+    tok = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len), jnp.int32, sharding=b_sh)
+    opt = {"mu": sds(shapes, m_sh), "nu": sds(shapes, m_sh), "count": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
+    return fn, (sds(shapes, p_sh), opt, tok, tok)
+
+
+def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int = 512, scan: bool = True,
+                 unroll: int = 1) -> Compiled:
+    """Compile the validator's step for `m` (all its layers) on the topology's devices; scan: layers under
+    lax.scan (MaxText's layout, compile time independent of depth), else unrolled (planner.validate.model)."""
+    from planner.validate import hlo
+    from planner.validate.model import Setup, build_step
+
+    mesh = tpu_mesh(plan, devices)
+    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", attention="flash", grad_clip=1.0)
+    if scan:
+        fn, args = scanned_step(cfg, mesh, unroll)
+    else:
+        step = build_step(cfg, mesh)
+        fn, args = step.fn, step.abstract_inputs()
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    dt = time.perf_counter() - t0
+    text = compiled.as_text()
+    if os.environ.get("PLANNER_VALIDATE_DUMP"):  # debugging: keep the optimized HLO
+        with open(os.path.join(os.environ["PLANNER_VALIDATE_DUMP"], f"tpu-{m.n_layers}l.hlo.txt"), "w") as f:
+            f.write(text)
+    coll: dict[str, float] = {}
+    rs = _reduce_scatter_names(text)
+    comps, mult = _call_multipliers(text)
+    for name, lines in comps.items():
+        for c in hlo.collectives("\n".join(lines), dict(mesh.shape)):
+            kind = "reduce-scatter" if c.kind == "all-reduce" and _instr_name(c.line) in rs else c.kind
+            # an all-reduce-scatter's input is its reduce-scatter bytes; a loop body counts once per iteration
+            coll[kind] = coll.get(kind, 0.0) + c.bytes * mult.get(name, 0.0)
+    return Compiled(m.n_layers, dt, hlo.memory(compiled), hlo.flops(compiled), coll, unroll)
+
+
+_COMP = re.compile(r"^(ENTRY\s+)?%([\w.-]+)\s.*\{\s*$")
+
+
+def _call_multipliers(text: str) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """(computation -> its instruction lines, computation -> times it runs per step): a while body runs its
+    known_trip_count times (a scanned layer loop: once per layer), fusions and calls inherit their caller's count."""
+    comps: dict[str, list[str]] = {}
+    entry, cur = "", None
+    for line in text.splitlines():
+        m = _COMP.match(line)
+        if m and "=" not in line.split("{")[0].split("(")[0]:
+            cur = m.group(2)
+            comps[cur] = []
+            entry = cur if m.group(1) else entry
+        elif cur is not None:
+            comps[cur].append(line)
+    def trips(line: str) -> float:
+        known = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+        if known:
+            return float(known.group(1))
+        # XLA:TPU drops the annotation: read `i < N` off the condition (the loop counter starts at 0)
+        cond = re.search(r"condition=%([\w.-]+)", line)
+        text = "\n".join(comps.get(cond.group(1), [])) if cond else ""
+        n = re.findall(r"constant\((\d+)\)", text)
+        return float(n[0]) if len(n) == 1 and "direction=LT" in text else 1.0
+
+    calls: dict[str, list[tuple[str, float]]] = {}
+    for name, lines in comps.items():
+        for line in lines:
+            for key, callee in re.findall(r"(calls|to_apply|body|condition|branch_computations)=\{?%([\w.-]+)", line):
+                factor = trips(line) if key == "body" else 1.0
+                calls.setdefault(name, []).append((callee, factor))
+    mult: dict[str, float] = {}
+
+    def visit(name: str, k: float, depth: int = 0) -> None:
+        mult[name] = mult.get(name, 0.0) + k
+        if depth < 50:
+            for callee, f in calls.get(name, []):
+                visit(callee, k * f, depth + 1)
+
+    if entry:
+        visit(entry, 1.0)
+    return comps, mult
+
+
+def _instr_name(line: str) -> str:
+    m = re.match(r"(?:ROOT\s+)?%?([\w.-]+)\s*=", line)
+    return m.group(1) if m else ""
+
+
+def _reduce_scatter_names(text: str) -> set[str]:
+    """Collectives inside XLA:TPU's `all-reduce-scatter` fusions: a reduce-scatter, printed as an all-reduce."""
+    names, inside = set(), False
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            inside = bool(re.match(r"%all-reduce-scatter[\w.-]*\s", line))
+        elif inside and re.search(r"\sall-reduce(?:-start)?\(", line):
+            names.add(_instr_name(line.strip()))
+    return names
+
+
+def _flat(c: Compiled) -> dict[str, float]:
+    d = {f"mem:{k}": v for k, v in c.memory.items()}
+    d["flops"] = c.flops
+    d.update({f"coll:{k}": v for k, v in c.collectives.items()})
+    return d
+
+
+def _extrapolate(a: Compiled, b: Compiled, layers: int) -> tuple[dict, dict]:
+    fa, fb = _flat(a), _flat(b)
+    keys = sorted(set(fa) | set(fb))
+    slope = {k: (fb.get(k, 0.0) - fa.get(k, 0.0)) / (b.layers - a.layers) for k in keys}
+    full = {k: fa.get(k, 0.0) + (layers - a.layers) * slope[k] for k in keys}
+    return full, slope
+
+
+def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512) -> float:
+    """Per-chip attention FLOPs the flash-style attention computes beyond the cost model's count.
+
+    The cost model counts causal attention at s/2 keys per query: A per layer forward, 2A backward, A more when
+    the context is recomputed. planner.validate.flash computes whole blocks on the diagonal ((B+1)/2B of the s x s
+    square, B blocks; with cp nearly every block), recomputes QK^T in its backward (2.5x the forward's matmuls), and
+    under any remat policy its forward is recomputed (its output and log-sum-exp are not named checkpoints)."""
+    from costmodel.flops import layer_ops
+    from planner.validate.flash import attention_flops
+
+    tokens = plan.micro_batch * job.seq_len / plan.cp
+    a = sum(op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, False) if op.is_attention)
+    r_model = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
+    r_flash = 1 if plan.remat.count("remat") else 0
+    fwd, bwd = attention_flops(plan.micro_batch, plan.cp, job.seq_len // plan.cp, job.seq_len,
+                               m.n_heads // plan.tp, m.head_dim, block)
+    fwd, bwd = fwd / plan.cp, bwd / plan.cp  # the cp rows are split over the chips
+    return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a)
+
+
+def tpu_check(name: str, quantity: str, pred: float, xla: float | None, note: str = "") -> Check:
+    c = _check(name, quantity, pred, xla, note)
+    tol = TOLERANCE_PCT.get(quantity.split(":")[0])
+    if tol is not None and c.error_pct is not None:
+        c.ok = abs(c.error_pct) <= tol
+    return c
+
+
+def validate_tpu(name: str, m_full: ModelSpec, plan: Plan, seq_len: int, target: Target | str,
+                 layers: tuple[int, int] = (2, 4), block: int = 512, devices: list | None = None,
+                 scan: bool = True) -> TpuResult:
+    """Compile `plan` for `target` at full width with layers[0] and layers[1] layers, extrapolate to the model's
+    depth, and put each figure next to the cost model's prediction. Errors land in `result.error`."""
+    t = parse_target(target) if isinstance(target, str) else target
+    res = TpuResult(name, t, plan)
+    try:
+        _validate(res, m_full, plan, seq_len, t, layers, block, devices, scan)
+    except InputError:
+        raise
+    except Exception as e:  # a compile failure is reported per plan
+        res.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    return res
+
+
+def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
+    """Bad input, said before anything compiles."""
+    from planner.validate.scale import unsupported
+
+    if plan.chips != t.chips:
+        d = " * ".join(f"{a}={v}" for a, v in plan.degrees().items() if v > 1) or "1"
+        raise InputError(f"--target: {t.name} has {t.chips} chips but the plan uses {plan.chips} ({d}); "
+                         f"make the degrees multiply to {t.chips}")
+    why = unsupported(plan)
+    if why:
+        raise InputError(why)
+    if plan.pp > 1:
+        raise InputError(f"--pp: the TPU compile does not run pipeline stages yet (pp={plan.pp}); use --pp 1")
+    if m.is_moe or m.is_mla or m.sliding_window:
+        raise InputError(f"--target: the TPU compile runs dense GQA models at full width; {m.name} has "
+                         "MoE / MLA / sliding-window layers (use a dense model such as llama3-8b)")
+    if seq_len % plan.cp:
+        raise InputError(f"--seq-len: {seq_len} is not divisible by cp={plan.cp}")
+    if m.n_kv_heads % plan.tp:
+        raise InputError(f"--tp: {m.name}'s {m.n_kv_heads} KV heads are not divisible by tp={plan.tp}")
+
+
+def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Target,
+              layers: tuple[int, int], block: int, devices: list | None, scan: bool) -> None:
+    from costmodel.estimate import estimate
+    from hardware.catalog import load_hardware
+
+    check_tpu_plan(m_full, plan, seq_len, t)
+    devices = devices if devices is not None else topology_devices(t)
+    job = Job(seq_len=seq_len, global_batch=plan.batch_shards * plan.micro_batch, precision="bf16",
+              framework="maxtext")
+    res.model, res.job = m_full, job
+    if scan:  # full depth, twice: one layer per scan iteration, then two (FLOPs: the body's share)
+        for u in (1, 2):
+            res.compiles.append(compile_step(m_full, plan, job, devices, block, True, u))
+        a, b = res.compiles
+        res.full, res.per_layer = _flat(a), {}
+        # XLA's cost analysis counts a while body once: F2 - F1 is one more layer (with an odd depth, scan's
+        # unroll=2 adds a one-layer remainder outside the loop: two more)
+        body = (b.flops - a.flops) / (2 if m_full.n_layers % 2 else 1)
+        res.full["flops"] = a.flops + (m_full.n_layers - 1) * body
+        res.per_layer["flops"] = body
+        how = f"the full {m_full.n_layers} layers under lax.scan"
+    else:
+        for n in layers:
+            res.compiles.append(compile_step(replace(m_full, n_layers=n), plan, job, devices, block, False))
+        a, b = res.compiles
+        res.full, res.per_layer = _extrapolate(a, b, m_full.n_layers)
+        how = f"unrolled, extrapolated from {a.layers} and {b.layers} layers to {m_full.n_layers}"
+
+    chip = load_hardware(t.hardware)
+    cost = estimate(m_full, chip, job, plan, t.chips)
+    extra = flash_flops_adjustment(m_full, job, plan, block)
+    res.predicted = {"memory_bytes": cost.peak_memory_bytes, "breakdown": dict(cost.memory),
+                     "flops": cost.hardware_flops_per_step / plan.chips + extra, "flops_adjustment": extra}
+    full, name = res.full, res.name
+    peak = full["mem:argument"] + full["mem:output"] + full["mem:temp"] - full["mem:alias"]
+    res.checks.append(tpu_check(name, "memory_bytes", cost.peak_memory_bytes, peak,
+                                f"{t.name}, XLA:TPU argument + output - alias + temp; {how}"))
+    batch_bytes = 2 * job.global_batch * job.seq_len * 4 / (plan.batch_shards * plan.cp)
+    state_pred = cost.memory["optimizer"] + cost.memory["weights"] * 4 / 6  # fp32 weights, without the bf16 copy
+    res.checks.append(tpu_check(name, "state_bytes", state_pred, full["mem:argument"] - batch_bytes - 4,
+                                "fp32 weights + Adam moments (XLA: arguments less tokens, targets, step counter)"))
+    res.checks.append(tpu_check(name, "flops", res.predicted["flops"], full["flops"],
+                                f"cost model + flash-attention block/recompute adjustment {extra:.4g}"))
+    pred_coll = predicted_collectives(cost, plan, merge_rs=False)
+    xla_coll = {k.split(":", 1)[1]: v for k, v in full.items() if k.startswith("coll:")}
+    for kind in sorted(set(pred_coll) | set(xla_coll)):
+        pv, why = pred_coll.get(kind, (0.0, "not predicted"))
+        res.checks.append(tpu_check(name, f"collective_bytes:{kind}", pv, xla_coll.get(kind, 0.0),
+                                    f"predicted from: {why}" if kind in pred_coll else "not in the cost model"))
+
+
+def result_dict(r: TpuResult) -> dict:
+    """JSON-friendly summary of one TPU validation (the checks go separately)."""
+    return {"plan": r.name, "target": r.target.name, "error": r.error, "compile_s": r.compile_s,
+            "compiles": [{"layers": c.layers, "compile_s": c.compile_s, "memory": c.memory, "flops": c.flops,
+                          "collectives": c.collectives} for c in r.compiles],
+            "extrapolated": r.full, "per_layer": r.per_layer, "predicted": r.predicted}
