@@ -38,28 +38,23 @@ NOTES = """
 #    full all-reduces (+ slice); both kinds are compared together.
 #  - tp all-reduces: XLA:CPU does not reassociate the partial sums of q/k/v (and of the two gated-MLP inputs)
 #    before reducing them: per layer 8 all-reduces of tokens x d (tp4-nosp) where Megatron would do 5-6.
-# Cost-model side (suggested fixes in costmodel/estimate.py; not edited here):
-#  1. fsdp collectives leave out the embedding / unembedding tables: fsdp8-full all-gather 2,494,464 B =
-#     predicted 2,232,320 + 262,144 (= 512 x 128 x 4, the unembedding gathered once) and gradient reduction
-#     1,378,820 B = 1,116,160 + 262,660 (its gradient + norms). memory_terms shards those tables over fsdp but
-#     communication() only moves layer_weight_elems.
+# Cost-model side (fixed: 1, 4, 5; open: the rest):
+#  1. FIXED: the output (unembedding) table is gathered once per micro-step and its gradient reduce-scattered
+#     (fsdp8-full all-gather and reduction now 0.0 %); the input embedding lookup runs on the sharded table.
 #  2. fsdp all-gathers are counted twice per layer whatever the remat: with remat none XLA gathers each layer once
 #     and keeps the gathered weights for the backward pass (fsdp8-none all-gather 1,380,352 B = 1,116,160 layers
 #     once + 262,144 unembedding vs predicted 2,232,320); the memory model likely under-counts too (one
-#     gathered layer in collective_buffers, not all of them).
+#     gathered layer in collective_buffers, not all of them). Left as is: MaxText 0.2.5 runs remat 'none' as
+#     'full', and a 'none'-only jump breaks the separable remat model the CP-SAT search relies on (tried).
 #  3. cp: weights are sharded over cp as over fsdp (MaxText's rule, costmodel.memory.weight_shard_degrees, which
 #     the validator follows), so cp4-dp2-full's gathers agree (-9.6 %) and its gradient reduction differs only by
 #     gap 1 and the dK/dV reduction: all-reduce@cp 1,444,000 B = 1,116,160 layers + 262,144 embeddings +
 #     65,536 dK/dV. The K/V traffic is right in bytes but not in kind: per layer 2 all-gathers (forward,
 #     recompute) + 1 reduce-scatter of dK/dV, where the cost model lists 3 all-gathers (seen before the cp weight
 #     rule, when all-gather@cp was K/V only: 131,072 B = 2 x 2 layers x 32,768).
-#  4. ep: non-expert gradients are reduced over dp x ep (all-reduce@dp+ep 862,724 B in moe-ep4-dp2-full), not over
-#     dp only: bytes right (total 1,649,156 B, 0.0 %), group size (and time) wrong; the cost model's dp all-reduce
-#     is also skipped entirely when dp == 1 and ep > 1.
-#  5. ep all-to-all under remat: with full remat the dispatch and combine all-to-alls are rerun in the backward
-#     pass (the gate gradient needs the expert outputs): 6 per MoE layer, 1,572,864 B vs 4 per layer predicted.
-#     Likewise the expert output matmul (mlp_out) is recomputed for MoE layers under JAX remat (+4.6 % dot FLOPs,
-#     = 2 x 2 T k F d), which recomputed_ops skips for every non-Megatron framework.
+#  4. FIXED: non-expert gradients are reduced over dp x ep, expert gradients over dp (also when dp == 1).
+#  5. FIXED: with the MoE block recomputed, dispatch and combine all-to-alls rerun (6 per MoE layer; moe-ep4-dp2
+#     all-to-all now 0.0 %) and so does the expert output matmul.
 #  6. tp recompute: under full remat the cost model adds 2 tp all-reduces per layer for the recomputed forward,
 #     but JAX reruns only the attention output projection's (the MLP output is not needed by the backward pass):
 #     1, consistent with recomputed_ops' own rule. Vocab-parallel embedding (forward) and logits input gradient
