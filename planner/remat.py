@@ -319,7 +319,9 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     c0 = base if base is not None else run(_choice(NONE))
     ev.setdefault(_choice(NONE), c0)
     least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
-    c_min = low[1] if low is not None and low[0].remat.choices() == least.remat.choices() else run(least)
+    same = low is not None and low[0].remat.choices() == least.remat.choices() and \
+        (low[0].offload_optimizer, low[0].offload_params) == (least.offload_optimizer, least.offload_params)
+    c_min = low[1] if same else run(least)
     s = Surrogate(mesh, chip.usable_hbm_bytes, chip.host_mem_bytes)
     # A switch the constraints pin (or the framework forbids) is not probed: its terms stay 0, the program fixes it.
     c_o = run(_choice(NONE, o=True)) if cons.offload_optimizer is not False else c0
