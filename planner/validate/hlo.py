@@ -153,10 +153,8 @@ _COMP_RE = re.compile(r"^(ENTRY\s+)?%([\w.-]+)\s.*\{\s*$")
 _INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.-]+)\s*=\s*(\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+([\w-]+)\(")
 
 
-def matmul_flops(hlo_text: str) -> float:
-    """2 * output elements * contracted size of every dot in the optimized HLO, weighted by how many times its
-    computation is called (fusions, calls); XLA's cost analysis adds element-wise work on top of this."""
-    shapes: dict[str, list[int]] = {}
+def split_computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
+    """(computation name -> its instruction lines, the ENTRY computation's name) of an HLO module's text."""
     comps: dict[str, list[str]] = {}
     entry, cur = "", None
     for line in hlo_text.splitlines():
@@ -164,12 +162,18 @@ def matmul_flops(hlo_text: str) -> float:
         if m and "=" not in line.split("{")[0].split("(")[0]:
             cur = m.group(2)
             comps[cur] = []
-            if m.group(1):
-                entry = cur
-            continue
-        if cur is None:
-            continue
-        comps[cur].append(line)
+            entry = cur if m.group(1) else entry
+        elif cur is not None:
+            comps[cur].append(line)
+    return comps, entry
+
+
+def matmul_flops(hlo_text: str) -> float:
+    """2 * output elements * contracted size of every dot in the optimized HLO, weighted by how many times its
+    computation is called (fusions, calls); XLA's cost analysis adds element-wise work on top of this."""
+    shapes: dict[str, list[int]] = {}
+    comps, entry = split_computations(hlo_text)
+    for line in (ln for lines in comps.values() for ln in lines):
         im = _INSTR_RE.match(line)
         if im and not im.group(2).startswith("("):
             dims = _SHAPE_RE.findall(im.group(2))[0][1]

@@ -287,17 +287,22 @@ def layer_fn(cfg: Setup, sh: Sharder):
 
 
 def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
-    m, cdt = cfg.model, cfg.cdt
+    cdt = cfg.cdt
     p = jax.tree.map(lambda a: a.astype(cdt), params)  # the compute copy of the weights
     x = sh.resid(jnp.take(p["embed"], tokens, axis=0))
     f = layer_fn(cfg, sh)
     for lp in p["layers"]:  # unrolled: XLA's cost analysis counts a scanned body once
         x = f(lp, x)
+    return head_loss(cfg, sh, p, x, targets)
+
+
+def head_loss(cfg: Setup, sh: Sharder, p: dict, x, targets):
+    """Final norm, logits (fp32, vocab over tp) and mean cross-entropy of the last layer's output x."""
     x = rmsnorm(x, p["final_norm"])
-    w_out = p["embed"].T if m.tied_embeddings else p["unembed"]
+    w_out = p["embed"].T if cfg.model.tied_embeddings else p["unembed"]
     logits = sh(jnp.einsum("bsd,dv->bsv", x, w_out), BATCH, "cp", "tp").astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.sum(logits * jax.nn.one_hot(targets, m.vocab_size, dtype=logits.dtype), axis=-1)
+    target_logit = jnp.sum(logits * jax.nn.one_hot(targets, cfg.model.vocab_size, dtype=logits.dtype), axis=-1)
     return jnp.mean(lse - target_logit)
 
 
@@ -363,31 +368,37 @@ def build_step(cfg: Setup, mesh: Mesh | None = None, donate: bool = True) -> Ste
         from planner.validate.pipeline import build_pipeline_step
 
         return build_pipeline_step(cfg, mesh, donate)
-    sh = Sharder(mesh, cfg.plan)
+    return jit_step(Step, cfg, mesh, partial(loss_fn, cfg, Sharder(mesh, cfg.plan)), param_specs(cfg),
+                    param_specs(cfg, moments=True), donate)
+
+
+def jit_step(kind: type, cfg: Setup, mesh: Mesh, loss, specs: dict, moment_specs: dict, donate: bool):
+    """Jit the Adam training step (and the gradient step) of `loss(params, tokens, targets)` with the given
+    parameter / moment PartitionSpecs; returns a `kind` (Step or a subclass)."""
 
     def named(tree):
         return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P))
 
-    p_sh, m_sh = named(param_specs(cfg)), named(param_specs(cfg, moments=True))
+    p_sh, m_sh = named(specs), named(moment_specs)
     rep = NamedSharding(mesh, P())
     b_sh = NamedSharding(mesh, P(BATCH, "cp"))
     opt_sh = {"mu": m_sh, "nu": m_sh, "count": rep}
 
     def grads_of(params, tokens, targets):
-        loss, grads = jax.value_and_grad(partial(loss_fn, cfg, sh))(params, tokens, targets)
+        loss_value, grads = jax.value_and_grad(loss)(params, tokens, targets)
         if cfg.plan.zero >= 2:  # ZeRO-2: gradients sharded like the optimizer state
             grads = jax.lax.with_sharding_constraint(grads, m_sh)
-        return loss, grads
+        return loss_value, grads
 
     def train_step(params, opt, tokens, targets):
-        loss, grads = grads_of(params, tokens, targets)
+        loss_value, grads = grads_of(params, tokens, targets)
         if cfg.grad_clip > 0:  # needs every gradient before any update (XLA can't free them layer by layer)
             norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
             grads = jax.tree.map(lambda g: g * jnp.minimum(1.0, cfg.grad_clip / (norm + 1e-6)), grads)
         params, mu, nu, count = adam_update(params, grads, opt["mu"], opt["nu"], opt["count"])
-        return params, {"mu": mu, "nu": nu, "count": count}, loss
+        return params, {"mu": mu, "nu": nu, "count": count}, loss_value
 
     fn = jax.jit(train_step, in_shardings=(p_sh, opt_sh, b_sh, b_sh), out_shardings=(p_sh, opt_sh, rep),
                  donate_argnums=(0, 1) if donate else ())
     gfn = jax.jit(grads_of, in_shardings=(p_sh, b_sh, b_sh), out_shardings=(rep, p_sh))
-    return Step(cfg, mesh, fn, gfn, {"params": p_sh, "moments": m_sh, "batch": b_sh, "opt": opt_sh})
+    return kind(cfg, mesh, fn, gfn, {"params": p_sh, "moments": m_sh, "batch": b_sh, "opt": opt_sh})

@@ -36,8 +36,8 @@ from planner.validate.model import (
     Setup,
     Sharder,
     Step,
-    adam_update,
     init_params,
+    jit_step,
     layer_fn,
     make_batch,
     param_specs,
@@ -197,30 +197,5 @@ def build_pipeline_step(cfg: Setup, mesh, donate: bool = True) -> PipelineStep:
     if "pp" not in mesh.axis_names:
         raise InputError("pp: the mesh has no 'pp' axis; build it with planner.validate.model.make_mesh(plan)")
 
-    def named(tree):
-        return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P))
-
-    p_sh, m_sh = named(stage_param_specs(cfg)), named(stage_param_specs(cfg, moments=True))
-    rep = NamedSharding(mesh, P())
-    b_sh = NamedSharding(mesh, P(BATCH, "cp"))
-    opt_sh = {"mu": m_sh, "nu": m_sh, "count": rep}
-
-    def grads_of(params, tokens, targets):
-        loss, grads = jax.value_and_grad(partial(pipeline_loss, cfg, mesh))(params, tokens, targets)
-        if cfg.plan.zero >= 2:
-            grads = jax.lax.with_sharding_constraint(grads, m_sh)
-        return loss, grads
-
-    def train_step(params, opt, tokens, targets):
-        loss, grads = grads_of(params, tokens, targets)
-        clip = getattr(cfg, "grad_clip", 0.0)  # as model.build_step's train_step
-        if clip > 0:
-            norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
-            grads = jax.tree.map(lambda g: g * jnp.minimum(1.0, clip / (norm + 1e-6)), grads)
-        params, mu, nu, count = adam_update(params, grads, opt["mu"], opt["nu"], opt["count"])
-        return params, {"mu": mu, "nu": nu, "count": count}, loss
-
-    fn = jax.jit(train_step, in_shardings=(p_sh, opt_sh, b_sh, b_sh), out_shardings=(p_sh, opt_sh, rep),
-                 donate_argnums=(0, 1) if donate else ())
-    gfn = jax.jit(grads_of, in_shardings=(p_sh, b_sh, b_sh), out_shardings=(rep, p_sh))
-    return PipelineStep(cfg, mesh, fn, gfn, {"params": p_sh, "moments": m_sh, "batch": b_sh, "opt": opt_sh})
+    return jit_step(PipelineStep, cfg, mesh, partial(pipeline_loss, cfg, mesh), stage_param_specs(cfg),
+                    stage_param_specs(cfg, moments=True), donate)

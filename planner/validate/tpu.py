@@ -38,6 +38,7 @@ from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.errors import InputError
 from planner.validate.compare import Check, _check, predicted_collectives
+from planner.validate.hlo import split_computations
 
 # generation: (libtpu topology prefix, chip_config_name, hardware profile)
 GENERATIONS = {
@@ -177,10 +178,10 @@ def scanned_step(cfg, mesh, unroll: int = 1):
         BATCH,
         Sharder,
         adam_update,
+        head_loss,
         init_params,
         layer_fn,
         param_specs,
-        rmsnorm,
     )
 
     m, cdt = cfg.model, cfg.cdt
@@ -209,12 +210,7 @@ def scanned_step(cfg, mesh, unroll: int = 1):
             return layer(jax.tree.map(lambda a: a.astype(cdt), lp), x), None
 
         x, _ = jax.lax.scan(body, x, params["layers"], unroll=unroll)
-        x = rmsnorm(x, p["final_norm"])
-        w_out = p["embed"].T if m.tied_embeddings else p["unembed"]
-        logits = sh(jnp.einsum("bsd,dv->bsv", x, w_out), BATCH, "cp", "tp").astype(jnp.float32)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        target_logit = jnp.sum(logits * jax.nn.one_hot(targets, m.vocab_size, dtype=logits.dtype), axis=-1)
-        return jnp.mean(lse - target_logit)
+        return head_loss(cfg, sh, p, x, targets)
 
     def train_step(params, opt, tokens, targets):
         lval, grads = jax.value_and_grad(loss)(params, tokens, targets)
@@ -268,22 +264,12 @@ def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int =
     return Compiled(m.n_layers, dt, hlo.memory(compiled), hlo.flops(compiled), coll, unroll)
 
 
-_COMP = re.compile(r"^(ENTRY\s+)?%([\w.-]+)\s.*\{\s*$")
 
 
 def _call_multipliers(text: str) -> tuple[dict[str, list[str]], dict[str, float]]:
     """(computation -> its instruction lines, computation -> times it runs per step): a while body runs its
     known_trip_count times (a scanned layer loop: once per layer), fusions and calls inherit their caller's count."""
-    comps: dict[str, list[str]] = {}
-    entry, cur = "", None
-    for line in text.splitlines():
-        m = _COMP.match(line)
-        if m and "=" not in line.split("{")[0].split("(")[0]:
-            cur = m.group(2)
-            comps[cur] = []
-            entry = cur if m.group(1) else entry
-        elif cur is not None:
-            comps[cur].append(line)
+    comps, entry = split_computations(text)
     def trips(line: str) -> float:
         known = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
         if known:
