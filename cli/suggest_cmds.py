@@ -32,21 +32,6 @@ def parse_tokens(text: str | None) -> int | None:
     return int(round(value))
 
 
-COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgtb]?)\s*$", re.IGNORECASE)
-
-
-def parse_count(flag: str, text: str | None) -> float | None:
-    """'15T' -> 1.5e13 (K/M/B or G/T are powers of ten, as training-token budgets are quoted)."""
-    if text is None:
-        return None
-    m = COUNT_RE.match(text)
-    value = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}[m.group(2).lower()] \
-        if m else 0.0
-    if not value >= 1:
-        raise InputError(f"{flag}: expected a positive number of tokens such as 2e12 or 15T, got {text!r}")
-    return value
-
-
 def rerank_by_time_to_train(s, train_tokens: float, price: float | None) -> None:
     """Order the suggestion's plans by expected days to train (costmodel.goodput), keeping each Goodput."""
     from costmodel.goodput import rank_by_time_to_train
@@ -222,7 +207,9 @@ def suggest(
             raise InputError("--export with --json: give --out FILE so that stdout stays one JSON object")
     elif out is not None:
         raise InputError("--out: needs --export maxtext|megatron|json")
-    budget = parse_count("--train-tokens", train_tokens)
+    from costmodel.goodput import parse_count
+
+    budget = None if train_tokens is None else parse_count(train_tokens, "--train-tokens")
     if price is not None and (budget is None or not price > 0):
         raise InputError(f"--price: expected a positive price per chip-hour together with --train-tokens, got {price}")
     result = search(m, chip, job, chips, cons, top=top, exhaustive=exhaustive)
