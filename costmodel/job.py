@@ -22,7 +22,9 @@ class Job:
       deepspeed:    Megatron's state layout; ZeRO-3 parameter gathers run as flat collectives over the data
                     group (one NIC per rank across nodes, no multi-rail aggregation), as DeepSpeed 2021 did.
     weight_dtype (maxtext only) is MaxText's `weight_dtype`: "bfloat16" stores the weights and both Adam
-    moments in bf16 (gradients stay fp32, MaxText's `grad_dtype` default).
+    moments in bf16 (gradients stay fp32, MaxText's `grad_dtype` default). scan_layers (maxtext only) is
+    MaxText's `scan_layers` (default true): the layers run under one lax.scan, whose backward loop keeps extra
+    buffers (costmodel.memory.xla_loop_extra_bytes); false unrolls them.
     """
 
     seq_len: int
@@ -30,6 +32,7 @@ class Job:
     precision: str = "bf16"
     framework: str = "maxtext"
     weight_dtype: str = "float32"
+    scan_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0:

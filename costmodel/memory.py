@@ -178,7 +178,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     else:
         inflight = 1
     act_saved = saved * layers_stage * inflight
-    if job.framework == "maxtext" and plan.remat.count("remat") > 0:
+    if job.framework == "maxtext" and job.scan_layers and plan.remat.count("remat") > 0:
         only_input = plan.remat.count("device") == 1 and choices["layer_input"] == "device"
         layer_grads = grad_params * 4 * body / (body + emb)
         act_saved += xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)

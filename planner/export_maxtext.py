@@ -22,6 +22,7 @@ planner/maxtext_0_2_5_keys.txt). Mapping (plan -> MaxText):
   precision        dtype bfloat16 (float16 for fp16), weight_dtype from the job
                    (float32, MaxText's default, or bfloat16),
                    quantization int8 / fp8.
+  scan_layers      from the job (true, MaxText's default: the layers run under one lax.scan).
 
 Not expressible in MaxText (exported as the nearest plan, with a warning): ZeRO-2/3 over the data axis (ZeRO-3
 becomes the fsdp axis, ZeRO-2 becomes ZeRO-1), ZeRO-1 together with an fsdp axis (MaxText 0.2.5 refuses
@@ -200,6 +201,7 @@ def maxtext_config(pf: PlanFile) -> tuple[dict[str, Any], Adapted]:
     keys["gradient_accumulation_steps"] = ga
     keys["dtype"] = "float16" if job.precision == "fp16" else "bfloat16"
     keys["weight_dtype"] = job.weight_dtype
+    keys["scan_layers"] = job.scan_layers
     if job.precision in ("int8", "fp8"):
         keys["quantization"] = job.precision
     if chip.vendor in ("tpu", "gpu", "cpu"):
@@ -243,7 +245,7 @@ SECTIONS = (("model", ("decoder_block", "base_emb_dim", "base_num_query_heads", 
                        "sliding_window_size")),
             ("sequence, batch and precision", ("max_target_length", "per_device_batch_size",
                                                "gradient_accumulation_steps", "dtype", "weight_dtype",
-                                               "quantization")),
+                                               "scan_layers", "quantization")),
             ("mesh: ICI degrees multiply to the devices per slice, DCN degrees to num_slices", None),
             ("pipeline", ("num_pipeline_microbatches", "num_layers_per_pipeline_stage", "pipeline_parallel_layers")),
             ("rematerialisation and offload", None))

@@ -387,7 +387,8 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
     if weight_dtype not in ("float32", "bfloat16"):
         raise InputError(f"{where}: weight_dtype: expected float32 or bfloat16, got {weight_dtype!r}")
     job = Job(seq_len=k.int("max_target_length"), global_batch=global_batch, precision=precision,
-              framework="maxtext", weight_dtype=weight_dtype)
+              framework="maxtext", weight_dtype=weight_dtype,
+              scan_layers=k.bool("scan_layers") if "scan_layers" in k.data else True)
     plan = Plan(**deg, vpp=vpp, micro_batch=micro_batch, zero=1 if k.bool("shard_optimizer_over_data") else 0,
                 sequence_parallel=True, remat=_maxtext_remat(k, m.gated_mlp, notes),
                 offload_optimizer=k.bool("optimizer_memory_host_offload"),

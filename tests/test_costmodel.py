@@ -111,6 +111,10 @@ def test_xla_loop_extra_buffer_rule():
     stack = 4 * 128 * (256 + 768 + 256 + 2048) * 2
     grads = 4 * 4 * (4 * 256**2 + 3 * 256 * 1024 + 2 * 256) / 8
     assert mem.breakdown["activations"] == pytest.approx(stack + grads)
+    # Layers unrolled (MaxText scan_layers=false): no loop, no extra buffer.
+    unrolled = replace(job, scan_layers=False)
+    mem = memory_terms(m, V5P, unrolled, Plan(fsdp=8, micro_batch=1, zero=3, remat=REMAT_POLICIES["minimal"]), 1)
+    assert mem.breakdown["activations"] == pytest.approx(stack)
 
 
 def test_megatron_convention_and_zero1():

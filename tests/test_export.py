@@ -57,6 +57,8 @@ MAXTEXT_CASES = {
     "bf16-weights-vocab-tiling": PlanFile(load_model("llama3-8b"), load_hardware("tpu-v6e"), 64,
                                           Job(8192, 128, weight_dtype="bfloat16"),
                                           Plan(fsdp=64, micro_batch=2, vocab_tiles=4), "llama3-8b", "tpu-v6e"),
+    "unscanned-layers": PlanFile(load_model("llama3-8b"), load_hardware("tpu-v5p"), 64,
+                                 Job(4096, 64, scan_layers=False), Plan(fsdp=64), "llama3-8b", "tpu-v5p"),
 }
 MEGATRON_CASES = {
     "tp-dp-distopt": pf("llama3-8b", "h100-sxm", 64, 4096, 256, "megatron", dp=16, tp=4, zero=1, remat="selective"),

@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
-CPU_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+# The concurrency-optimised scheduler ignores remat in its temp figure; the all-reduce combiner merges every
+# gradient all-reduce into one at the end of the backward pass (all unreduced gradients live at once), where
+# accelerators reduce-scatter layer by layer.
+CPU_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",
+             "--xla_disable_hlo_passes=cpu-all-reduce-combiner")
 
 
 def set_host_devices(n: int) -> None:

@@ -8,9 +8,13 @@ gathered-weight buffer behind the cost model's back), so the prediction is taken
 gathered weights and without MaxText's separate bf16 compute copy of the weights (an fp32 cast is a no-op).
 
 Implementation adjustments (each check's `note` says which apply):
-  * flops: the validator's attention runs in query blocks with block-causal skipping (block i sees (i+1)/n of
-    the keys, not the exact causal half the cost model counts for flash attention); `attention_flops_adjustment`
-    adds the difference. Its s x s/n score blocks stay in memory (no flash kernel): see the memory checks.
+  * flops: the validator's flash-style attention computes whole blocks on the diagonal and recomputes QK^T in
+    its backward (`flash_flops_adjustment` adds the difference to the cost model's exact causal count). On the
+    CPU its block is a quarter of the scaled sequence (FLASH_BLOCK_FRACTION), so that a score block stays small
+    beside the layer's activations, as it does at full scale.
+  * memory: XLA:CPU combines all gradient all-reduces into one at the end of the backward pass
+    (cpu-all-reduce-combiner), keeping every layer's unreduced gradients live; the validator disables that pass
+    (planner.validate.CPU_FLAGS), as accelerators reduce-scatter layer by layer.
   * collective bytes: XLA:CPU has no reduce-scatter creator, so a reduce-scatter appears as an all-reduce
     followed by a slice; on CPU the two kinds are compared as one quantity 'all-reduce+reduce-scatter'.
 """
@@ -33,6 +37,7 @@ from costmodel.plan import Plan
 from hardware.chip import Chip
 from planner.validate.scale import Scale, check_devices, scale_down
 
+FLASH_BLOCK_FRACTION = 4  # CPU: flash block (at most) = the scaled sequence / 4
 TOLERANCE_PCT = {"flops": 3.0, "matmul_flops": 3.0, "memory_bytes": 10.0, "state_bytes": 10.0, "temp_bytes": 10.0,
                  "collective_bytes": 10.0, "step_time_s": 15.0}
 
@@ -92,21 +97,23 @@ def predict(m: ModelSpec, chip: Chip, job: Job, plan: Plan, act_bytes: int = 4) 
         return estimate(m, chip, job, plan)
 
 
-def attention_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float:
-    """Per-device attention FLOPs the validator's attention computes beyond the cost model's count.
+def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512) -> float:
+    """Per-chip attention FLOPs the flash-style attention computes beyond the cost model's count.
 
-    The cost model counts causal attention at s/2 keys per query (A per layer forward), 2A backward and A more
-    when the context is rematerialised. The validator splits the queries into n blocks, block i attending to
-    (i+1)/n of the keys: D = A (n+1)/n per forward pass (n = 1: dense, 2A), with the same 3 or 4 passes.
-    """
-    from planner.validate.model import attention_chunks
+    The cost model counts causal attention at s/2 keys per query: A per layer forward, 2A backward, A more when
+    the context is recomputed. planner.validate.flash computes whole blocks on the diagonal ((B+1)/2B of the s x s
+    square, B blocks; with cp nearly every block), recomputes QK^T in its backward (2.5x the forward's matmuls), and
+    under any remat policy its forward is recomputed (its output and log-sum-exp are not named checkpoints)."""
+    from planner.validate.flash import attention_flops
 
     tokens = plan.micro_batch * job.seq_len / plan.cp
     a = sum(op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, False) if op.is_attention)
-    n = attention_chunks(plan, job.seq_len)
-    r = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
-    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-steps (pipeline plans only)
-    return m.n_layers / plan.pp * accum * a * ((n + 1) / n - 1) * (3 + r)
+    r_model = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
+    r_flash = 1 if plan.remat.count("remat") else 0
+    fwd, bwd = attention_flops(plan.micro_batch, plan.cp, job.seq_len // plan.cp, job.seq_len,
+                               m.n_heads // plan.tp, m.head_dim, block)
+    fwd, bwd = fwd / plan.cp, bwd / plan.cp  # the cp rows are split over the chips
+    return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a)
 
 
 def pipeline_replicated_param_bytes(m: ModelSpec, job: Job, plan: Plan) -> float:
@@ -244,7 +251,8 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     from planner.validate import hlo
     from planner.validate.model import Setup, build_step, make_mesh
 
-    cfg = Setup(small, plan, job.seq_len, job.global_batch, compute_dtype)
+    block = max(1, job.seq_len // FLASH_BLOCK_FRACTION)
+    cfg = Setup(small, plan, job.seq_len, job.global_batch, compute_dtype, flash_block=block)
     step = build_step(cfg, make_mesh(plan))
     t0 = time.perf_counter()
     compiled = compile_with_timeout(step, timeout_s)
@@ -271,9 +279,10 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     res.predicted_step_s = cost.step_time_s
     name = res.name
     # FLOPs per device
-    extra = attention_flops_adjustment(small, job, plan)
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-steps (pipeline plans only)
+    extra = flash_flops_adjustment(small, job, plan, block) * accum / plan.pp
     pred_flops = cost.hardware_flops_per_step / plan.chips + extra
-    why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + block-causal attention {extra:.4g}"
+    why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + flash-attention blocks {extra:.4g}"
     if plan.pp > 1:
         pipe = pipeline_flops_adjustment(small, job, plan, pred_flops)
         pred_flops += pipe

@@ -1,11 +1,15 @@
 """A decoder-only transformer in plain JAX that follows a Plan's shardings and remat choices.
 
-RMSNorm, causal GQA attention (query blocks with block-causal skipping; not a flash kernel), gated (SiLU) or
-plain (GeLU) MLP, optional MoE with top-k routing and per-sequence expert capacity (gather dispatch, so no
-dispatch matmuls), tied or untied embeddings, cross-entropy, and Adam written by hand. Parameters and Adam
-moments are fp32; the step casts the parameters to the compute dtype once (MaxText's weight_dtype=float32,
-dtype=bfloat16 convention; the validator runs fp32). Layers are unrolled with a Python loop so that XLA's cost
-analysis counts each of them.
+RMSNorm, causal GQA attention (planner.validate.flash: blockwise with a flash-style backward, so no s x s scores
+are kept, as the cost model assumes), gated (SiLU) or plain (GeLU) MLP, optional MoE with top-k routing and
+per-sequence expert capacity (gather dispatch, so no dispatch matmuls), tied or untied embeddings,
+cross-entropy, and Adam written by hand. Parameters and Adam moments are fp32; the step casts the parameters to
+the compute dtype once (MaxText's weight_dtype=float32, dtype=bfloat16 convention; the CPU validator runs fp32).
+Layers are unrolled with a Python loop so that XLA's cost analysis counts each of them.
+
+Every layer runs under jax.checkpoint, also with remat 'none' (then with everything saveable): without it XLA
+merges a weight's forward and backward all-gathers and keeps every layer's gathered weights from the forward to
+the backward pass, which no FSDP implementation does (PyTorch FSDP and MaxText re-gather in the backward).
 
 Mesh axes (outer to inner): dp, fsdp, ep, cp, tp. The batch is split over (dp, fsdp, ep); the sequence over cp
 (and over tp too under sequence parallelism, for the residual stream); heads, MLP columns and the vocabulary over
@@ -27,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from costmodel.model import ModelSpec
 from costmodel.plan import TENSOR_MAXTEXT_NAMES, TENSORS, Plan
+from planner.validate.flash import causal_attention
 
 MESH_AXES = ("dp", "fsdp", "ep", "cp", "tp")
 BATCH = ("dp", "fsdp", "ep")
@@ -42,7 +47,7 @@ class Setup:
     seq_len: int
     global_batch: int
     compute_dtype: str = "bfloat16"
-    attention: str = "chunked"  # or "flash": planner.validate.flash (no s x s scores kept; the TPU compile)
+    flash_block: int = 512  # query / key block of the flash-style attention (planner.validate.flash)
     grad_clip: float = 0.0  # > 0: clip by global norm (MaxText's gradient_clipping_threshold, default 1.0)
 
     @property
@@ -166,45 +171,10 @@ def attention(cfg: Setup, sh: Sharder, p: dict, x):
     k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)
     b, s, h, hd = q.shape
     qg = q.reshape(b, s, m.n_kv_heads, h // m.n_kv_heads, hd)
-    if cfg.attention == "flash":
-        from planner.validate.flash import causal_attention
-
-        r = cfg.plan.cp  # query rows: dimension 1 sharded over cp
-        ctx = causal_attention(qg.reshape(b, r, s // r, *qg.shape[2:]), k, v).reshape(b, s, h, hd)
-        ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
-        return sh.resid(checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj"))
-    n = attention_chunks(cfg.plan, s)
-    c = s // n
-    parts = []
-    for i in range(n):  # unrolled query blocks; block i only sees keys [0, (i+1)c): block-causal skipping
-        qi = qg if n == 1 else qg[:, i * c:(i + 1) * c]
-        parts.append(_attention_block(qi, k, v, q_start=i * c, keys=(i + 1) * c))
-    ctx = (parts[0] if n == 1 else jnp.concatenate(parts, axis=1)).reshape(b, s, h, hd)
+    r = cfg.plan.cp  # query rows: dimension 1 sharded over cp
+    ctx = causal_attention(qg.reshape(b, r, s // r, *qg.shape[2:]), k, v, cfg.flash_block).reshape(b, s, h, hd)
     ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
-    out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj")
-    return sh.resid(out)
-
-
-def attention_chunks(plan: Plan, seq_len: int) -> int:
-    """Query blocks of the attention: 4 (block-causal skipping of most masked work) unless the sequence is split
-    over cp, where slicing the sharded sequence would make GSPMD reshard it (then one block: dense causal)."""
-    return 4 if plan.cp == 1 and seq_len % 4 == 0 else 1
-
-
-def _attention_block(qg, k, v, q_start: int, keys: int):
-    """Causal attention of a block of queries (positions q_start...) over the first `keys` keys.
-
-    Not flash attention: the block's scores are materialised and kept for the backward pass unless the layer's
-    remat recomputes them (a jax.checkpoint(nothing_saveable) around the block made no difference on XLA:CPU,
-    which kept the probabilities and dropped the recompute), so memory holds s x s/n terms per block that the
-    cost model, which assumes flash attention, does not count."""
-    k, v = k[:, :keys], v[:, :keys]
-    hd = qg.shape[-1]
-    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k).astype(jnp.float32) / math.sqrt(hd)
-    qpos = q_start + jnp.arange(qg.shape[1])
-    mask = jnp.arange(keys)[None, :] <= qpos[:, None]
-    probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1).astype(qg.dtype)
-    return jnp.einsum("bkgst,btkd->bskgd", probs, v)
+    return sh.resid(checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj"))
 
 
 def _act(m: ModelSpec):
@@ -280,9 +250,10 @@ def layer_fn(cfg: Setup, sh: Sharder):
         return sh.resid(h + mlp(cfg, sh, p, rmsnorm(h, p["norm2"])))
 
     plan = cfg.plan
-    if plan.remat.count("remat") == 0:  # 'none': nothing recomputed, no checkpoint at all
-        return f
-    policy = jax.checkpoint_policies.save_only_these_names(*saved_names(plan))
+    if plan.remat.count("remat") == 0:  # 'none': nothing recomputed, but the weights are re-gathered
+        policy = jax.checkpoint_policies.everything_saveable
+    else:
+        policy = jax.checkpoint_policies.save_only_these_names(*saved_names(plan))
     return jax.checkpoint(f, policy=policy)
 
 

@@ -111,7 +111,7 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
                          "only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
     accum = (s.micro_steps or plan.pp) if plan.pp > 1 else 1
     job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch * accum, precision="bf16",
-              framework="maxtext")
+              framework="maxtext", scan_layers=False)  # the validator unrolls its layers
     if math.gcd(seq, cp) != cp:
         raise InputError(f"cp={cp}: does not divide the scaled sequence length {seq}")
     return small, job, notes

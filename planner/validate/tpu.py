@@ -37,7 +37,7 @@ from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.errors import InputError
-from planner.validate.compare import Check, _check, predicted_collectives
+from planner.validate.compare import Check, _check, flash_flops_adjustment, predicted_collectives
 from planner.validate.hlo import split_computations
 
 # generation: (libtpu topology prefix, chip_config_name, hardware profile)
@@ -240,7 +240,7 @@ def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int =
     from planner.validate.model import Setup, build_step
 
     mesh = tpu_mesh(plan, devices)
-    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", attention="flash", grad_clip=1.0)
+    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0)
     if scan:
         fn, args = scanned_step(cfg, mesh, unroll)
     else:
@@ -330,26 +330,6 @@ def _extrapolate(a: Compiled, b: Compiled, layers: int) -> tuple[dict, dict]:
     return full, slope
 
 
-def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512) -> float:
-    """Per-chip attention FLOPs the flash-style attention computes beyond the cost model's count.
-
-    The cost model counts causal attention at s/2 keys per query: A per layer forward, 2A backward, A more when
-    the context is recomputed. planner.validate.flash computes whole blocks on the diagonal ((B+1)/2B of the s x s
-    square, B blocks; with cp nearly every block), recomputes QK^T in its backward (2.5x the forward's matmuls), and
-    under any remat policy its forward is recomputed (its output and log-sum-exp are not named checkpoints)."""
-    from costmodel.flops import layer_ops
-    from planner.validate.flash import attention_flops
-
-    tokens = plan.micro_batch * job.seq_len / plan.cp
-    a = sum(op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, False) if op.is_attention)
-    r_model = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
-    r_flash = 1 if plan.remat.count("remat") else 0
-    fwd, bwd = attention_flops(plan.micro_batch, plan.cp, job.seq_len // plan.cp, job.seq_len,
-                               m.n_heads // plan.tp, m.head_dim, block)
-    fwd, bwd = fwd / plan.cp, bwd / plan.cp  # the cp rows are split over the chips
-    return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a)
-
-
 def tpu_check(name: str, quantity: str, pred: float, xla: float | None, note: str = "") -> Check:
     c = _check(name, quantity, pred, xla, note)
     tol = TOLERANCE_PCT.get(quantity.split(":")[0])
@@ -404,7 +384,7 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
     check_tpu_plan(m_full, plan, seq_len, t)
     devices = devices if devices is not None else topology_devices(t)
     job = Job(seq_len=seq_len, global_batch=plan.batch_shards * plan.micro_batch, precision="bf16",
-              framework="maxtext")
+              framework="maxtext", scan_layers=scan)
     res.model, res.job = m_full, job
     if scan:  # full depth, twice: one layer per scan iteration, then two (FLOPs: the body's share)
         for u in (1, 2):
