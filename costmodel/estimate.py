@@ -179,6 +179,12 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
                       per_layer_t - chip.eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
         out.append(_coll("tp", "all-reduce", "activations", count, nbytes, t, exposed * layers * micro_steps,
                          links["tp"].level))
+        # The vocabulary is split over tp too: the embedding lookup's output is a partial sum over the vocab
+        # shards (Megatron's VocabParallelEmbedding all-reduce), and so is the gradient of the logits' input
+        # (the final norm output); one each per micro-step, on the first and the last stage. Not hidden: they
+        # open the forward and the backward pass. Seen in the validator's HLO (tp plans: 2 per step).
+        n_vocab = (2 if plan.pp == 1 else 1) * micro_steps
+        out.append(_coll("tp", "all-reduce", "embedding/logits", n_vocab, nbytes, t, n_vocab * t, links["tp"].level))
 
     # Weight-sharded axes (fsdp, plus dp under ZeRO-3): all-gather bf16 weights per layer forward and again in
     # backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.

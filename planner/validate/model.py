@@ -87,16 +87,12 @@ def param_specs(cfg: Setup, moments: bool = False) -> dict:
     m, W = cfg.model, _w_axes(cfg, moments)
     layer = {
         "norm1": P(None), "norm2": P(None),
-        "wq": P(W, "tp", None), "wk": P(W, "tp", None), "wv": P(W, "tp", None), "wo": P("tp", None, W),
+        "wqkv": P(W, "tp", None, None), "wo": P("tp", None, W),
     }
     if m.is_moe:
-        layer.update(router=P(W, None), wi0=P("ep", W, "tp"), wo_mlp=P("ep", "tp", W))
-        if m.gated_mlp:
-            layer["wi1"] = P("ep", W, "tp")
+        layer.update(router=P(W, None), wi=P("ep", W, None, "tp"), wo_mlp=P("ep", "tp", W))
     else:
-        layer.update(wi0=P(W, "tp"), wo_mlp=P("tp", W))
-        if m.gated_mlp:
-            layer["wi1"] = P(W, "tp")
+        layer.update(wi=P(W, None, "tp"), wo_mlp=P("tp", W))
     specs = {"embed": P("tp", W), "final_norm": P(None), "layers": [dict(layer) for _ in range(m.n_layers)]}
     if not m.tied_embeddings:
         specs["unembed"] = P(W, "tp")
@@ -120,18 +116,19 @@ def init_params(cfg: Setup, seed: int = 0, shapes_only: bool = False) -> dict:
 
     layers = []
     for _ in range(m.n_layers):
-        lay = {"norm1": ones(d), "norm2": ones(d), "wq": w((d, h, hd), d), "wk": w((d, kv, hd), d),
-               "wv": w((d, kv, hd), d), "wo": w((h, hd, d), h * hd)}
+        # Fused projections, as Megatron and MaxText's fused_qkv / fused_mlp lay them out: per KV head its g query
+        # heads, its key and its value ([d, kv, g + 2, hd], split over tp by KV head); the gated MLP's two inputs
+        # side by side ([d, 2, f]). One matmul each, so the backward pass sums their input gradients before
+        # the tp all-reduce (XLA:CPU reduces separate q/k/v or wi_0/wi_1 partial sums one by one).
+        n_in = 2 if m.gated_mlp else 1
+        lay = {"norm1": ones(d), "norm2": ones(d), "wqkv": w((d, kv, h // kv + 2, hd), d),
+               "wo": w((h, hd, d), h * hd)}
         if m.is_moe:
             e, f = m.n_experts, m.moe_ffn_dim
-            lay.update(router=w((d, e), d), wi0=w((e, d, f), d), wo_mlp=w((e, f, d), f))
-            if m.gated_mlp:
-                lay["wi1"] = w((e, d, f), d)
+            lay.update(router=w((d, e), d), wi=w((e, d, n_in, f), d), wo_mlp=w((e, f, d), f))
         else:
             f = m.ffn_dim
-            lay.update(wi0=w((d, f), d), wo_mlp=w((f, d), f))
-            if m.gated_mlp:
-                lay["wi1"] = w((d, f), d)
+            lay.update(wi=w((d, n_in, f), d), wo_mlp=w((f, d), f))
         layers.append(lay)
     params = {"embed": w((m.vocab_size, d), 1.0), "final_norm": ones(d), "layers": layers}
     if not m.tied_embeddings:
@@ -163,14 +160,14 @@ def rmsnorm(x, g):
 
 def attention(cfg: Setup, sh: Sharder, p: dict, x):
     m = cfg.model
-    q = checkpoint_name(jnp.einsum("bsd,dhk->bshk", x, p["wq"]), "query_proj")
-    k = checkpoint_name(jnp.einsum("bsd,dhk->bshk", x, p["wk"]), "key_proj")
-    v = checkpoint_name(jnp.einsum("bsd,dhk->bshk", x, p["wv"]), "value_proj")
-    q, k, v = (sh(t, BATCH, "cp", "tp", None) for t in (q, k, v))
+    g = m.n_heads // m.n_kv_heads
+    qkv = jnp.einsum("bsd,dkjh->bskjh", x, p["wqkv"])  # [b, s, kv, g + 2, hd]
+    qg = sh(checkpoint_name(qkv[:, :, :, :g], "query_proj"), BATCH, "cp", "tp", None, None)
+    k = sh(checkpoint_name(qkv[:, :, :, g], "key_proj"), BATCH, "cp", "tp", None)
+    v = sh(checkpoint_name(qkv[:, :, :, g + 1], "value_proj"), BATCH, "cp", "tp", None)
     # Context parallelism: every query shard needs all keys and values (all-gather over cp).
     k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)
-    b, s, h, hd = q.shape
-    qg = q.reshape(b, s, m.n_kv_heads, h // m.n_kv_heads, hd)
+    b, s, hd, h = qg.shape[0], qg.shape[1], qg.shape[-1], m.n_heads
     r = cfg.plan.cp  # query rows: dimension 1 sharded over cp
     ctx = causal_attention(qg.reshape(b, r, s // r, *qg.shape[2:]), k, v, cfg.flash_block).reshape(b, s, h, hd)
     ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
@@ -183,10 +180,10 @@ def _act(m: ModelSpec):
 
 def dense_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     m = cfg.model
-    h = checkpoint_name(jnp.einsum("bsd,df->bsf", x, p["wi0"]), "mlpwi_0")
-    h = _act(m)(sh(h, BATCH, "cp", "tp"))
+    hi = jnp.einsum("bsd,dcf->bscf", x, p["wi"])  # [b, s, 1 or 2, f]
+    h = _act(m)(sh(checkpoint_name(hi[:, :, 0], "mlpwi_0"), BATCH, "cp", "tp"))
     if m.gated_mlp:
-        h = h * sh(checkpoint_name(jnp.einsum("bsd,df->bsf", x, p["wi1"]), "mlpwi_1"), BATCH, "cp", "tp")
+        h = h * sh(checkpoint_name(hi[:, :, 1], "mlpwi_1"), BATCH, "cp", "tp")
     out = checkpoint_name(jnp.einsum("bsf,fd->bsd", h, p["wo_mlp"]), "mlpwo")
     return sh.resid(out)
 
@@ -220,11 +217,10 @@ def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     tok = sh(jnp.einsum("bts,t->bs", slot_hot, token_of).astype(jnp.int32), BATCH, None)  # [b, e*c]
     xe = sh(jnp.take_along_axis(x, tok[:, :, None], axis=1), BATCH, None, None).reshape(b, e, c, d)
     xe = sh(jnp.transpose(xe, (1, 0, 2, 3)), "ep", ("dp", "fsdp"), None, None)  # all-to-all over ep
-    h = checkpoint_name(jnp.einsum("ebcd,edf->ebcf", xe, p["wi0"]), "mlpwi_0")
-    h = _act(m)(sh(h, "ep", ("dp", "fsdp"), None, "tp"))
+    hi = jnp.einsum("ebcd,edjf->ebcjf", xe, p["wi"])  # [e, b, c, 1 or 2, f]
+    h = _act(m)(sh(checkpoint_name(hi[:, :, :, 0], "mlpwi_0"), "ep", ("dp", "fsdp"), None, "tp"))
     if m.gated_mlp:
-        h = h * sh(checkpoint_name(jnp.einsum("ebcd,edf->ebcf", xe, p["wi1"]), "mlpwi_1"),
-                   "ep", ("dp", "fsdp"), None, "tp")
+        h = h * sh(checkpoint_name(hi[:, :, :, 1], "mlpwi_1"), "ep", ("dp", "fsdp"), None, "tp")
     ye = checkpoint_name(jnp.einsum("ebcf,efd->ebcd", h, p["wo_mlp"]), "mlpwo")
     ye = sh(ye, "ep", ("dp", "fsdp"), None, None)
     ye = sh(jnp.transpose(ye, (1, 0, 2, 3)), BATCH, None, None, None).reshape(b, e * c, d)  # all-to-all back
