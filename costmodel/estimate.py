@@ -185,6 +185,16 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         # open the forward and the backward pass. Seen in the validator's HLO (tp plans: 2 per step).
         n_vocab = (2 if plan.pp == 1 else 1) * micro_steps
         out.append(_coll("tp", "all-reduce", "embedding/logits", n_vocab, nbytes, t, n_vocab * t, links["tp"].level))
+        # Sequence parallelism: the backward pass all-gathers the sequence-sharded inputs of the attention and
+        # MLP input projections again for their weight gradients (Megatron re-gathers rather than keeping them,
+        # Korthikanti et al. 2022, sec. 4.2.2; XLA does the same whenever the norm outputs are recomputed, i.e.
+        # under any remat). Hidden like the layer's other tp collectives.
+        if plan.sequence_parallel and (job.framework != "maxtext" or plan.remat.count("remat") > 0):
+            n_sp = 2 * layers * micro_steps
+            t_ag = collective_time(links["tp"], "all-gather", nbytes, chip.eff.link, chip.eff.net)
+            exposed_sp = max(2 * t_ag * (1 - chip.eff.tp_overlap), 2 * t_ag - chip.eff.tp_overlap * st.layer_bwd)
+            out.append(_coll("tp", "all-gather", "sequence-parallel re-gather", n_sp, nbytes, t_ag,
+                             exposed_sp * layers * micro_steps, links["tp"].level))
 
     # Weight-sharded axes (fsdp, plus dp under ZeRO-3): all-gather bf16 weights per layer forward and again in
     # backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.

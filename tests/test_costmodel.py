@@ -301,3 +301,21 @@ def test_expert_parallel_collectives_by_hand():
     a2a = by["ep", "all-to-all", "tokens"]
     assert a2a.count == 6 * 2
     assert a2a.bytes_each == pytest.approx(16 * 2 * 64 * 2)  # tokens x top-2 x d x bf16
+
+
+def test_tensor_parallel_collectives_by_hand():
+    # TINY (2 layers, d 64) on tp 2 with sequence parallelism, seq 16, one sequence per replica; bf16 activations
+    # of 16 tokens x 64 = 2048 B per collective.
+    job = Job(seq_len=16, global_batch=4)
+    plan = Plan(dp=4, tp=2, micro_batch=1, remat=REMAT_POLICIES["full"])
+    by = {(x.axis, x.kind, x.purpose): x for x in estimate(TINY, V5P, job, plan, 8).collectives}
+    act = by["tp", "all-reduce", "activations"]
+    assert (act.count, act.bytes_each) == (5 * 2, 16 * 64 * 2)  # 2 fwd + 2 bwd + the recomputed out_proj
+    assert by["tp", "all-reduce", "embedding/logits"].count == 2  # vocab-parallel lookup, logits input gradient
+    assert by["tp", "all-gather", "sequence-parallel re-gather"].count == 2 * 2  # attention and MLP inputs
+    # Nothing recomputed under MaxText: the gathered norm outputs are kept, no re-gather; Megatron re-gathers.
+    none = plan.with_(remat=REMAT_POLICIES["none"])
+    kinds = {x.purpose for x in estimate(TINY, V5P, job, none, 8).collectives}
+    assert "sequence-parallel re-gather" not in kinds
+    mega = estimate(TINY, V5P, replace(job, framework="megatron"), none, 8).collectives
+    assert "sequence-parallel re-gather" in {x.purpose for x in mega}
