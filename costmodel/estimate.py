@@ -213,9 +213,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
         out.append(_coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl))
         # The output projection (logits) table is sharded the same way: gathered once per micro-step and kept for
-        # the backward pass, its gradient reduce-scattered once; not hidden (it opens and closes the step). The
-        # input embedding lookup runs on the sharded table and moves only the looked-up rows (small). Read off
-        # the validator's compiled HLO (planner validate, fsdp plans: one table's bytes each way).
+        # the backward pass, its gradient reduce-scattered once; not hidden (it opens and closes the step). Read
+        # off the validator's compiled HLO (planner validate, fsdp plans: one table's bytes each way).
         table = m.vocab_size * m.d_model / plan.tp
         t_eag = group_time(wlinks, "all-gather", table * BF16, chip, flat)
         t_ers = group_time(wlinks, "reduce-scatter", table * mem.grad_reduce_bytes, chip, flat)
@@ -223,6 +222,15 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
                          micro_steps * t_eag, lvl))
         out.append(_coll("fsdp", "reduce-scatter", "output table grads", micro_steps, table * mem.grad_reduce_bytes,
                          t_ers, micro_steps * t_ers, lvl))
+        if job.framework == "maxtext":
+            # The input embedding lookup runs on the d-sharded table (GSPMD partitions the gather along the table's
+            # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all
+            # hands each token's row to the chip that owns the token; the backward pass sends the row gradients
+            # back the same way. Seen in the validator's HLO (fsdp8: 2 all-to-alls of tokens x d per step).
+            rows = tokens * m.d_model * BF16
+            t_a2a = sum(collective_time(lk, "all-to-all", rows, chip.eff.link, chip.eff.net) for lk in wlinks)
+            out.append(_coll("fsdp", "all-to-all", "embedding rows", 2 * micro_steps, rows, t_a2a,
+                             2 * micro_steps * t_a2a, lvl))
 
     # Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     # ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
@@ -243,14 +251,16 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         out.append(_coll("dp+ep" if len(group) > 1 else "ep", "all-reduce", "non-expert grads", 1, gbytes, t,
                          max(0.0, t - ov * st.bwd), group[-1].level))
 
-    # Context parallel: all-gather K and V per layer forward; backward gathers again and reduce-scatters dK, dV.
+    # Context parallel: all-gather K and V per layer forward; the backward pass gathers them again and
+    # reduce-scatters dK, dV (the same ring traffic each; XLA re-gathers even when nothing is recomputed).
     if plan.cp > 1:
         kv_bytes = plan.micro_batch * job.seq_len * 2 * m.kv_dim / plan.tp * BF16
         t = collective_time(links["cp"], "all-gather", kv_bytes, chip.eff.link, chip.eff.net)
         n = layers * micro_steps
         exposed = n * (max(0.0, t - ov * st.attention_fwd / layers) + max(0.0, 2 * t - ov * 2.5 * st.attention_fwd
                                                                          / layers))
-        out.append(_coll("cp", "all-gather", "keys/values", 3 * n, kv_bytes, t, exposed, links["cp"].level))
+        out.append(_coll("cp", "all-gather", "keys/values", 2 * n, kv_bytes, t, exposed * 2 / 3, links["cp"].level))
+        out.append(_coll("cp", "reduce-scatter", "key/value grads", n, kv_bytes, t, exposed / 3, links["cp"].level))
 
     # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward, and again when the
     # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above).

@@ -253,10 +253,23 @@ def layer_fn(cfg: Setup, sh: Sharder):
     return jax.checkpoint(f, policy=policy)
 
 
+def embed(cfg: Setup, sh: Sharder, table, tokens):
+    """The input embedding lookup on the d-sharded table, spelled out as the cost model counts it: the token ids
+    are gathered over the table's shard axes (int32, small), every chip looks up its d-slice of those tokens'
+    rows, and one all-to-all hands each row to the chip that owns its token (the backward pass sends the row
+    gradients back). Left to itself, GSPMD picks a different scheme for each mesh (row all-gathers over dp,
+    full-table gradient all-reduces over cp)."""
+    w = _w_axes(cfg)
+    rest = tuple(a for a in BATCH if a not in w) or None  # batch axes the table is replicated over
+    ids = sh(tokens, rest, None)
+    rows = sh(jnp.take(table, ids, axis=0), rest, None, w)
+    return sh.resid(rows)
+
+
 def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
     cdt = cfg.cdt
     p = jax.tree.map(lambda a: a.astype(cdt), params)  # the compute copy of the weights
-    x = sh.resid(jnp.take(p["embed"], tokens, axis=0))
+    x = embed(cfg, sh, p["embed"], tokens)
     f = layer_fn(cfg, sh)
     for lp in p["layers"]:  # unrolled: XLA's cost analysis counts a scanned body once
         x = f(lp, x)

@@ -178,6 +178,7 @@ def scanned_step(cfg, mesh, unroll: int = 1):
         BATCH,
         Sharder,
         adam_update,
+        embed,
         head_loss,
         init_params,
         layer_fn,
@@ -204,7 +205,7 @@ def scanned_step(cfg, mesh, unroll: int = 1):
 
     def loss(params, tokens, targets):
         p = {k: v.astype(cdt) for k, v in params.items() if k != "layers"}
-        x = sh.resid(jnp.take(p["embed"], tokens, axis=0))
+        x = embed(cfg, sh, p["embed"], tokens)
 
         def body(x, lp):
             return layer(jax.tree.map(lambda a: a.astype(cdt), lp), x), None
