@@ -162,9 +162,11 @@ def attention(cfg: Setup, sh: Sharder, p: dict, x):
     m = cfg.model
     g = m.n_heads // m.n_kv_heads
     qkv = jnp.einsum("bsd,dkjh->bskjh", x, p["wqkv"])  # [b, s, kv, g + 2, hd]
-    qg = sh(checkpoint_name(qkv[:, :, :, :g], "query_proj"), BATCH, "cp", "tp", None, None)
-    k = sh(checkpoint_name(qkv[:, :, :, g], "key_proj"), BATCH, "cp", "tp", None)
-    v = sh(checkpoint_name(qkv[:, :, :, g + 1], "value_proj"), BATCH, "cp", "tp", None)
+    # split (its transpose is a concatenate), not slicing (whose transposes are full-size pads, one per part)
+    qg, k, v = jnp.split(qkv, [g, g + 1], axis=3)
+    qg = sh(checkpoint_name(qg, "query_proj"), BATCH, "cp", "tp", None, None)
+    k = sh(checkpoint_name(k[:, :, :, 0], "key_proj"), BATCH, "cp", "tp", None)
+    v = sh(checkpoint_name(v[:, :, :, 0], "value_proj"), BATCH, "cp", "tp", None)
     # Context parallelism: every query shard needs all keys and values (all-gather over cp).
     k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)
     b, s, hd, h = qg.shape[0], qg.shape[1], qg.shape[-1], m.n_heads
@@ -180,10 +182,10 @@ def _act(m: ModelSpec):
 
 def dense_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     m = cfg.model
-    hi = jnp.einsum("bsd,dcf->bscf", x, p["wi"])  # [b, s, 1 or 2, f]
-    h = _act(m)(sh(checkpoint_name(hi[:, :, 0], "mlpwi_0"), BATCH, "cp", "tp"))
+    hi = jnp.split(jnp.einsum("bsd,dcf->bscf", x, p["wi"]), p["wi"].shape[1], axis=2)  # 1 or 2 x [b, s, 1, f]
+    h = _act(m)(sh(checkpoint_name(hi[0][:, :, 0], "mlpwi_0"), BATCH, "cp", "tp"))
     if m.gated_mlp:
-        h = h * sh(checkpoint_name(hi[:, :, 1], "mlpwi_1"), BATCH, "cp", "tp")
+        h = h * sh(checkpoint_name(hi[1][:, :, 0], "mlpwi_1"), BATCH, "cp", "tp")
     out = checkpoint_name(jnp.einsum("bsf,fd->bsd", h, p["wo_mlp"]), "mlpwo")
     return sh.resid(out)
 
@@ -217,10 +219,10 @@ def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     tok = sh(jnp.einsum("bts,t->bs", slot_hot, token_of).astype(jnp.int32), BATCH, None)  # [b, e*c]
     xe = sh(jnp.take_along_axis(x, tok[:, :, None], axis=1), BATCH, None, None).reshape(b, e, c, d)
     xe = sh(jnp.transpose(xe, (1, 0, 2, 3)), "ep", ("dp", "fsdp"), None, None)  # all-to-all over ep
-    hi = jnp.einsum("ebcd,edjf->ebcjf", xe, p["wi"])  # [e, b, c, 1 or 2, f]
-    h = _act(m)(sh(checkpoint_name(hi[:, :, :, 0], "mlpwi_0"), "ep", ("dp", "fsdp"), None, "tp"))
+    hi = jnp.split(jnp.einsum("ebcd,edjf->ebcjf", xe, p["wi"]), p["wi"].shape[2], axis=3)  # [e, b, c, 1, f]
+    h = _act(m)(sh(checkpoint_name(hi[0][:, :, :, 0], "mlpwi_0"), "ep", ("dp", "fsdp"), None, "tp"))
     if m.gated_mlp:
-        h = h * sh(checkpoint_name(hi[:, :, :, 1], "mlpwi_1"), "ep", ("dp", "fsdp"), None, "tp")
+        h = h * sh(checkpoint_name(hi[1][:, :, :, 0], "mlpwi_1"), "ep", ("dp", "fsdp"), None, "tp")
     ye = checkpoint_name(jnp.einsum("ebcf,efd->ebcd", h, p["wo_mlp"]), "mlpwo")
     ye = sh(ye, "ep", ("dp", "fsdp"), None, None)
     ye = sh(jnp.transpose(ye, (1, 0, 2, 3)), BATCH, None, None, None).reshape(b, e * c, d)  # all-to-all back
