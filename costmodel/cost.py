@@ -34,10 +34,11 @@ class Cost:
     host_fits: bool
     grad_accum: int
     model_flops_per_step: float
-    hardware_flops_per_step: float
+    hardware_flops_per_step: float  # matmul FLOPs, recompute included (the HFU numerator)
     time: dict[str, float] = field(default_factory=dict)  # breakdown of step_time_s (sums to it)
     memory: dict[str, float] = field(default_factory=dict)  # breakdown of peak_memory_bytes (sums to it)
     collectives: tuple[Collective, ...] = ()
+    vector_flops_per_step: float = 0.0  # element-wise FLOPs (costmodel.flops.layer_vector_flops), all chips
     convention: str = ""  # state convention used for memory ('maxtext' fp32 weights / 'megatron' bf16 + master)
 
     @property
@@ -52,7 +53,8 @@ class Cost:
             "hbm_usable_bytes": self.hbm_usable_bytes, "fits": self.fits, "overflow_bytes": self.overflow_bytes,
             "host_memory_bytes": self.host_memory_bytes, "host_fits": self.host_fits,
             "grad_accum": self.grad_accum, "model_flops_per_step": self.model_flops_per_step,
-            "hardware_flops_per_step": self.hardware_flops_per_step, "convention": self.convention,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
+            "vector_flops_per_step": self.vector_flops_per_step, "convention": self.convention,
             "breakdown": {"time_s": dict(self.time), "memory_bytes": dict(self.memory)},
             "collectives": [c.__dict__ for c in self.collectives],
         }

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from costmodel.constraints import check_plan
 from costmodel.cost import Collective, Cost
-from costmodel.flops import Op, layer_ops, logits_op, model_flops_per_token
+from costmodel.flops import (
+    ADAM_OPS,
+    Op,
+    layer_ops,
+    layer_vector_flops,
+    logits_op,
+    loss_vector_flops,
+    model_flops_per_token,
+)
 from costmodel.job import Job
 from costmodel.memory import MemoryTerms, memory_terms, weight_shard_degrees
 from costmodel.model import ModelSpec
@@ -153,6 +161,21 @@ def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
 def _coll(axis: str, kind: str, purpose: str, count: float, nbytes: float, t_each: float, exposed: float,
           level: str) -> Collective:
     return Collective(axis, kind, purpose, int(round(count)), nbytes, level, count * t_each, exposed)
+
+
+def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, accum: int) -> float:
+    """Element-wise FLOPs per step on one chip (the busiest stage): layers forward, backward and, when anything
+    is recomputed, forward again; the loss on the last stage; Adam over the parameters this chip updates."""
+    tokens = plan.micro_batch * job.seq_len / plan.cp
+    sp = plan.tp if plan.sequence_parallel else 1
+    rerun = 1.0 if plan.remat.count("remat") else 0.0
+    total = 0.0
+    for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
+        if count:
+            fwd, bwd = layer_vector_flops(m, tokens, job.seq_len, plan.tp, sp, moe)
+            total += count / plan.pp * ((1 + rerun) * fwd + bwd)
+    total += loss_vector_flops(m, tokens, plan.tp)
+    return accum * total + ADAM_OPS * mem.optimizer_param_elems
 
 
 def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink], st: StageTimes,
@@ -334,6 +357,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     peak = chip.peak_flops(job.precision)
     model_flops = model_flops_per_token(m, job.seq_len) * job.tokens
     hw_flops = model_flops + accum * st.recompute_flops * plan.pp * plan.tp * plan.cp * plan.batch_shards
+    vec_flops = vector_flops_per_chip(m, job, plan, mem, accum) * chips_n
     usable = chip.usable_hbm_bytes
     return Cost(
         step_time_s=step,
@@ -350,6 +374,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         grad_accum=accum,
         model_flops_per_step=model_flops,
         hardware_flops_per_step=hw_flops,
+        vector_flops_per_step=vec_flops,
         time=time,
         memory=dict(mem.breakdown),
         collectives=tuple(colls),

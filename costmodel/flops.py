@@ -76,3 +76,33 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     v_width = m.n_heads * (m.v_head_dim if m.is_mla else m.head_dim)
     attn = m.n_layers * 2 * m.mean_attended_keys(seq_len) * (m.q_dim + v_width)
     return 6 * matmul_params + 3 * attn
+
+
+# Element-wise FLOPs, counted as XLA's cost analysis counts them: one per element per arithmetic op, compare or
+# select; exp, log, rsqrt, sqrt and the logistic are transcendentals, not FLOPs. Small beside the matmuls at
+# scale (about 1 %), a few % on narrow models; they run memory-bound (elementwise_bytes_per_token times them).
+NORM_OPS = 4  # RMSNorm per element: square, sum, scale by the rsqrt, gain
+ACT_OPS = {True: 2, False: 7}  # SiLU gate: x * sigmoid(x), * up; GeLU (tanh form): 7 arithmetic ops
+SCORE_OPS = 5  # per query-key pair and head, online softmax: scale, mask select, running max, subtract, sum
+SCORE_BWD_OPS = 6  # flash backward per pair: scale, subtract the log-sum-exp, mask, dP - delta, * P, scale
+LOSS_FWD_OPS, LOSS_BWD_OPS = 6, 3  # per logit: max, subtract, sum, one-hot compare, multiply, sum; softmax - 1hot
+ADAM_OPS = 13  # per parameter: mu (3), nu (4), two bias corrections, + eps, divide, * lr, subtract
+
+
+def layer_vector_flops(m: ModelSpec, tokens: float, seq_len: int, tp: int, sp: int, moe: bool) -> tuple[float, float]:
+    """(forward, backward) element-wise FLOPs of one layer on one chip for `tokens` tokens: two norms and two
+    residual adds on the residual stream (split by tp only under sequence parallelism, sp = tp), the MLP
+    activation, the attention softmax over the attended key pairs. Backward: twice the forward's per-element
+    ops (each op's input gradient takes one or two), the softmax's per-pair flash backward."""
+    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
+    stream = (2 * NORM_OPS + 2) * m.d_model / sp
+    act = ACT_OPS[m.gated_mlp] * ffn * k / tp
+    pairs = m.mean_attended_keys(seq_len) * m.n_heads / tp
+    fwd = tokens * (stream + act + SCORE_OPS * pairs)
+    bwd = tokens * (2 * (stream + act) + SCORE_BWD_OPS * pairs)
+    return fwd, bwd
+
+
+def loss_vector_flops(m: ModelSpec, tokens: float, tp: int) -> float:
+    """Element-wise FLOPs of the softmax cross-entropy and its gradient over the tp-sharded vocabulary."""
+    return tokens * (LOSS_FWD_OPS + LOSS_BWD_OPS) * m.vocab_size / tp

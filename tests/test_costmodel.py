@@ -334,3 +334,21 @@ def test_fsdp_embedding_and_context_parallel_collectives_by_hand():
     # Megatron: no embedding all-to-all (the rule is GSPMD's partitioning of the lookup).
     mega = estimate(TINY, V5P, replace(job, framework="megatron"), plan.with_(zero=0), 8).collectives
     assert "embedding rows" not in {x.purpose for x in mega}
+
+
+def test_vector_flops_by_hand():
+    from costmodel.flops import layer_vector_flops, loss_vector_flops
+
+    # TINY, 16 tokens of a 16-token sequence, no tp: residual stream (2 norms x 4 + 2 adds) x 64 = 640, SiLU gate
+    # 2 x 128 = 256, softmax 5 x (8 keys x 4 heads) = 160 per token forward; backward 2 x 896 + 6 x 32.
+    assert layer_vector_flops(TINY, 16, 16, 1, 1, False) == (16 * 1056, 16 * 1984)
+    # tp 2 without sequence parallelism splits the MLP and the heads, not the residual stream.
+    assert layer_vector_flops(TINY, 16, 16, 2, 1, False) == (16 * (640 + 128 + 80), 16 * (2 * 768 + 96))
+    assert loss_vector_flops(TINY, 16, 1) == 16 * 9 * 100
+    # In a step: both layers forward, recomputed (full remat) and backward, the loss, Adam on every parameter.
+    job = Job(seq_len=16, global_batch=1)
+    plan = Plan(remat=REMAT_POLICIES["full"])
+    c = estimate(TINY, V5P, job, plan, 1)
+    updated = memory_terms(TINY, V5P, job, plan, 1).optimizer_param_elems  # the parameters Adam updates here
+    assert updated == pytest.approx(TINY.total_params(), rel=1e-3)
+    assert c.vector_flops_per_step == 2 * (2 * 16 * 1056 + 16 * 1984) + 16 * 900 + 13 * updated

@@ -287,7 +287,9 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
         pipe = pipeline_flops_adjustment(small, job, plan, pred_flops)
         pred_flops += pipe
         why += f" + GPipe bubble ticks and output projection on every stage {pipe:.4g}"
-    res.checks.append(_check(name, "flops", pred_flops, flops, why + "; XLA cost_analysis incl. element-wise ops"))
+    vec = cost.vector_flops_per_step / plan.chips
+    res.checks.append(_check(name, "flops", pred_flops + vec, flops,
+                             f"{why} + element-wise {vec:.4g}; XLA cost_analysis incl. element-wise ops"))
     res.checks.append(_check(name, "matmul_flops", pred_flops, hlo.matmul_flops(text),
                              why + "; XLA: the dots of the optimized HLO"))
     # Memory per device
