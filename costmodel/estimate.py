@@ -247,13 +247,14 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
                          t_ers, micro_steps * t_ers, lvl))
         if job.framework == "maxtext":
             # The input embedding lookup runs on the d-sharded table (GSPMD partitions the gather along the table's
-            # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all
-            # hands each token's row to the chip that owns the token; the backward pass sends the row gradients
-            # back the same way. Seen in the validator's HLO (fsdp8: 2 all-to-alls of tokens x d per step).
+            # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all per
+            # shard axis hands each token's row to the chip that owns the token; the backward pass sends the row
+            # gradients back the same way. Seen in the validator's HLO (fsdp8: 2 all-to-alls of tokens x d per step).
             rows = tokens * m.d_model * BF16
-            t_a2a = sum(collective_time(lk, "all-to-all", rows, chip.eff.link, chip.eff.net) for lk in wlinks)
-            out.append(_coll("fsdp", "all-to-all", "embedding rows", 2 * micro_steps, rows, t_a2a,
-                             2 * micro_steps * t_a2a, lvl))
+            for lk in (lk for lk in wlinks if lk.size > 1):
+                t_a2a = collective_time(lk, "all-to-all", rows, chip.eff.link, chip.eff.net)
+                out.append(_coll("fsdp", "all-to-all", "embedding rows", 2 * micro_steps, rows, t_a2a,
+                                 2 * micro_steps * t_a2a, lvl))
 
     # Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     # ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.

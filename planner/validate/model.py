@@ -151,6 +151,12 @@ class Sharder:
     def resid(self, x):
         return self(x, BATCH, self.seq, None)
 
+    def unsplit(self, x):
+        """The input of a tp-column-split matmul: the whole (cp-local) sequence on every tp rank. Under sequence
+        parallelism this is Megatron's all-gather of the norm output; left to itself, GSPMD may gather the
+        weight over tp instead and swap the sequence and head splits with all-to-alls."""
+        return self(x, BATCH, "cp", None)
+
 
 def rmsnorm(x, g):
     xf = x.astype(jnp.float32)
@@ -195,6 +201,19 @@ def capacity(m: ModelSpec, seq_len: int) -> int:
     return max(1, math.ceil(m.experts_per_token * seq_len * cf / m.n_experts))
 
 
+def _top_k(x, k: int):
+    """lax.top_k over the last axis as k rounds of argmax: XLA's SPMD partitioner all-gathers the batch of a
+    top_k (a sort), but partitions a reduction along the batch axes it is given."""
+    vals, idx = [], []
+    for _ in range(k):
+        i = jnp.argmax(x, axis=-1)
+        hot = jax.nn.one_hot(i, x.shape[-1], dtype=jnp.bool_)
+        vals.append(jnp.sum(jnp.where(hot, x, 0), axis=-1))
+        idx.append(i.astype(jnp.int32))
+        x = jnp.where(hot, -jnp.inf, x)
+    return jnp.stack(vals, axis=-1), jnp.stack(idx, axis=-1)
+
+
 def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     """Top-k routing with per-sequence capacity; tokens reach their experts by gather, return by gather."""
     m = cfg.model
@@ -205,7 +224,7 @@ def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     logits = sh(jnp.einsum("bsd,de->bse", x, p["router"]).astype(jnp.float32), BATCH, None, None)
     # Routing is per sequence: pin every routing tensor to the batch sharding (GSPMD otherwise replicates top_k
     # and the gathers, all-gathering the whole batch).
-    gates, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
+    gates, idx = _top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
     gates, idx = sh(gates, BATCH, None, None), sh(idx, BATCH, None, None)
     gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     idx = idx.reshape(b, s * k)
@@ -243,9 +262,9 @@ def layer_fn(cfg: Setup, sh: Sharder):
 
     def f(p, x):
         x = checkpoint_name(x, "decoder_layer_input")
-        h = x + attention(cfg, sh, p, rmsnorm(x, p["norm1"]))
+        h = x + attention(cfg, sh, p, sh.unsplit(rmsnorm(x, p["norm1"])))
         mlp = moe_mlp if m.is_moe else dense_mlp
-        return sh.resid(h + mlp(cfg, sh, p, rmsnorm(h, p["norm2"])))
+        return sh.resid(h + mlp(cfg, sh, p, sh.unsplit(rmsnorm(h, p["norm2"]))))
 
     plan = cfg.plan
     if plan.remat.count("remat") == 0:  # 'none': nothing recomputed, but the weights are re-gathered
@@ -258,14 +277,19 @@ def layer_fn(cfg: Setup, sh: Sharder):
 def embed(cfg: Setup, sh: Sharder, table, tokens):
     """The input embedding lookup on the d-sharded table, spelled out as the cost model counts it: the token ids
     are gathered over the table's shard axes (int32, small), every chip looks up its d-slice of those tokens'
-    rows, and one all-to-all hands each row to the chip that owns its token (the backward pass sends the row
-    gradients back). Left to itself, GSPMD picks a different scheme for each mesh (row all-gathers over dp,
-    full-table gradient all-reduces over cp)."""
-    w = _w_axes(cfg)
-    rest = tuple(a for a in BATCH if a not in w) or None  # batch axes the table is replicated over
-    ids = sh(tokens, rest, None)
-    rows = sh(jnp.take(table, ids, axis=0), rest, None, w)
-    return sh.resid(rows)
+    rows, and one all-to-all per shard axis hands each row to the chip that owns its token (the backward pass
+    sends the row gradients back). Left to itself, GSPMD picks a different scheme for each mesh (row
+    all-gathers over dp, full-table gradient all-reduces or row all-gathers over cp)."""
+    w = list(_w_axes(cfg))
+    batch = [a for a in BATCH if a not in w]  # batch axes the table is replicated over
+    seq: list[str] = []
+    x = jnp.take(table, sh(tokens, tuple(batch) or None, None), axis=0)
+    x = sh(x, tuple(batch) or None, None, tuple(w))
+    for a in reversed(list(w)):  # one axis at a time (minor first) from the model dimension to its token
+        w.remove(a)
+        (seq if a == "cp" else batch).append(a)
+        x = sh(x, tuple(a for a in BATCH if a in batch) or None, tuple(seq) or None, tuple(w) or None)
+    return sh.resid(x)
 
 
 def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
@@ -280,7 +304,7 @@ def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
 
 def head_loss(cfg: Setup, sh: Sharder, p: dict, x, targets):
     """Final norm, logits (fp32, vocab over tp) and mean cross-entropy of the last layer's output x."""
-    x = rmsnorm(x, p["final_norm"])
+    x = sh.unsplit(rmsnorm(x, p["final_norm"]))
     w_out = p["embed"].T if cfg.model.tied_embeddings else p["unembed"]
     logits = sh(jnp.einsum("bsd,dv->bsv", x, w_out), BATCH, "cp", "tp").astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)
