@@ -188,20 +188,30 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     micro_steps = accum
 
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under SP: same ring traffic) of the
-    # activations per layer forward, 2 backward, 2 more when the layer forward is recomputed (Megatron).
+    # activations per layer forward (attention and MLP outputs), 2 backward (their inputs' gradients), and again
+    # for what the recompute reruns. A MoE layer's MLP pair carries its routed tokens: k x capacity (+ shared
+    # experts) times the layer's tokens (the expert outputs are reduced before they are combined).
     if plan.tp > 1:
         nbytes = tokens * m.d_model * BF16
         t = collective_time(links["tp"], "all-reduce", nbytes, chip.eff.link, chip.eff.net)
+        cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
+        routed = m.experts_per_token * cf + m.n_shared_experts
+        mlp_w = (m.n_dense_mlp_layers + m.n_moe_layers * routed) / m.n_layers  # MLP bytes per layer, in nbytes
+        t_mlp = collective_time(links["tp"], "all-reduce", nbytes * mlp_w, chip.eff.link, chip.eff.net)
         # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
         # full recompute) repeats the other.
-        n_rec = (plan.remat.out_proj == "remat") + (plan.remat.mlp_out == "remat" and job.framework == "megatron")
-        count = (4 + n_rec) * layers * micro_steps
+        n_att = 2 + (plan.remat.out_proj == "remat")
+        n_mlp = 2 + (plan.remat.mlp_out == "remat" and job.framework == "megatron")
         # Hidden behind the layer's own matmuls to the extent tp_overlap allows.
-        per_layer_t = (4 + n_rec) * t
+        per_layer_t = n_att * t + n_mlp * t_mlp
         exposed = max(per_layer_t * (1 - chip.eff.tp_overlap),
                       per_layer_t - chip.eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
-        out.append(_coll("tp", "all-reduce", "activations", count, nbytes, t, exposed * layers * micro_steps,
+        share_att = n_att * t / per_layer_t
+        n = layers * micro_steps
+        out.append(_coll("tp", "all-reduce", "activations", n_att * n, nbytes, t, share_att * exposed * n,
                          links["tp"].level))
+        out.append(_coll("tp", "all-reduce", "MLP activations", n_mlp * n, nbytes * mlp_w, t_mlp,
+                         (1 - share_att) * exposed * n, links["tp"].level))
         # The vocabulary is split over tp too: the embedding lookup's output is a partial sum over the vocab
         # shards (Megatron's VocabParallelEmbedding all-reduce), and so is the gradient of the logits' input
         # (the final norm output); one each per micro-step, on the first and the last stage. Not hidden: they
@@ -289,7 +299,11 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward, and again when the
     # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above).
     if plan.ep > 1 and m.n_moe_layers:
-        a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
+        # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
+        # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
+        # (input_partition_pspec: batch, activation_norm_length -- no tensor axis), so every tp rank sends all.
+        split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
+        a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / split
         t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
         count = (4 + 2 * (plan.remat.mlp_in == "remat")) * m.n_moe_layers / plan.pp * micro_steps
         out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))

@@ -309,8 +309,12 @@ def test_tensor_parallel_collectives_by_hand():
     job = Job(seq_len=16, global_batch=4)
     plan = Plan(dp=4, tp=2, micro_batch=1, remat=REMAT_POLICIES["full"])
     by = {(x.axis, x.kind, x.purpose): x for x in estimate(TINY, V5P, job, plan, 8).collectives}
-    act = by["tp", "all-reduce", "activations"]
-    assert (act.count, act.bytes_each) == (5 * 2, 16 * 64 * 2)  # 2 fwd + 2 bwd + the recomputed out_proj
+    act, mlp = by["tp", "all-reduce", "activations"], by["tp", "all-reduce", "MLP activations"]
+    assert (act.count, act.bytes_each) == (3 * 2, 16 * 64 * 2)  # attention: fwd, bwd, the recomputed out_proj
+    assert (mlp.count, mlp.bytes_each) == (2 * 2, 16 * 64 * 2)  # MLP: fwd, bwd (its output is not rerun)
+    # A MoE layer's MLP pair carries the routed tokens: top-2 of TINY_MOE, twice the bytes.
+    moe = {x.purpose: x for x in estimate(TINY_MOE, V5P, job, plan, 8).collectives}
+    assert moe["MLP activations"].bytes_each == 2 * 16 * 64 * 2
     assert by["tp", "all-reduce", "embedding/logits"].count == 2  # vocab-parallel lookup, logits input gradient
     assert by["tp", "all-gather", "sequence-parallel re-gather"].count == 2 * 2  # attention and MLP inputs
     # Nothing recomputed under MaxText: the gathered norm outputs are kept, no re-gather; Megatron re-gathers.
