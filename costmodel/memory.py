@@ -58,10 +58,17 @@ def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> dict[str, flo
 
 
 def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
-    """Tensors kept only when nothing is recomputed: two norm outputs and the MLP activation output."""
+    """Tensors kept only when nothing is recomputed: two norm outputs and the MLP activation output; in a MoE
+    layer also the dispatched copies of the tokens (the experts' input, for their weight gradients) and the
+    experts' outputs before the weighted combine (for the gate gradient): k x capacity rows of d each, not split
+    over tp (the routed tokens are replicated over tp)."""
     sp = plan.tp if plan.sequence_parallel else 1
     ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
-    return 2 * m.d_model / sp + ffn * k / plan.tp
+    routed = 0.0
+    if moe:
+        cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
+        routed = 2 * (m.experts_per_token * cf + m.n_shared_experts) * m.d_model
+    return 2 * m.d_model / sp + ffn * k / plan.tp + routed
 
 
 def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer_input: bool, tp: int) -> float:

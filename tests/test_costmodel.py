@@ -358,3 +358,13 @@ def test_vector_flops_by_hand():
     updated = memory_terms(TINY, V5P, job, plan, 1).optimizer_param_elems  # the parameters Adam updates here
     assert updated == pytest.approx(TINY.total_params(), rel=1e-3)
     assert c.vector_flops_per_step == 2 * (2 * 16 * 1056 + 16 * 1984) + 16 * 900 + 13 * updated
+
+
+def test_moe_layers_keep_routed_tokens_when_nothing_is_recomputed():
+    from costmodel.memory import extra_saved_elems_per_token
+
+    # Dense TINY: two norm outputs (2 x 64) and the MLP activation (128).
+    assert extra_saved_elems_per_token(TINY, Plan(), False) == 2 * 64 + 128
+    # TINY_MOE (top-2 of 4 experts, expert width 32): norms 128, activations 2 x 32, and the dispatched tokens
+    # plus the expert outputs, 2 x top-2 x 64.
+    assert extra_saved_elems_per_token(TINY_MOE, Plan(), True) == 128 + 64 + 2 * 2 * 64
