@@ -23,48 +23,46 @@ sys.path.insert(0, str(ROOT))
 from planner.validate import set_host_devices  # noqa: E402  (no jax yet)
 
 NOTES = """
-# Where the gaps come from (evidence: the by-axis lines above, optimized HLO op_name metadata, and the seq-64
-# vs seq-128 experiment at equal tokens; bytes below are for d_model 128, seq 128, 2 layers, fp32)
-# Validator / XLA:CPU side (not cost-model errors):
-#  - flops vs matmul_flops: XLA's cost_analysis adds element-wise work (norms, softmax, SiLU, cross-entropy, Adam)
-#    that the cost model does not count as FLOPs: +3-9 %. The dots alone (matmul_flops) match to 0.0 % on every
-#    dense plan, recompute included, once the validator's block-causal attention is accounted for.
-#  - memory/temp: the validator's attention is not a flash kernel; its s x s/4 score blocks are kept for the
-#    backward pass. At equal tokens per device, XLA temp falls by 459 KB (remat none) / 328 KB (full) going from
-#    seq 128 to seq 64 while the cost model's prediction does not move: the s^2 terms are ~0.92 MB / 0.66 MB of
-#    the 1.39 MB / 1.03 MB temp gaps of fsdp8-none / fsdp8-full (about two thirds). dp8-full and
-#    fsdp4-dp2-selective, where state and gradients dominate, are within 1-7 %.
-#  - all-reduce+reduce-scatter: XLA:CPU has no reduce-scatter creator, so fsdp/cp gradient reduce-scatters are
-#    full all-reduces (+ slice); both kinds are compared together.
-#  - tp all-reduces: XLA:CPU does not reassociate the partial sums of q/k/v (and of the two gated-MLP inputs)
-#    before reducing them: per layer 8 all-reduces of tokens x d (tp4-nosp) where Megatron would do 5-6.
-# Cost-model side (fixed: 1, 4, 5; open: the rest):
-#  1. FIXED: the output (unembedding) table is gathered once per micro-step and its gradient reduce-scattered
-#     (fsdp8-full all-gather and reduction now 0.0 %); the input embedding lookup runs on the sharded table.
-#  2. fsdp all-gathers are counted twice per layer whatever the remat: with remat none XLA gathers each layer once
-#     and keeps the gathered weights for the backward pass (fsdp8-none all-gather 1,380,352 B = 1,116,160 layers
-#     once + 262,144 unembedding vs predicted 2,232,320); the memory model likely under-counts too (one
-#     gathered layer in collective_buffers, not all of them). Left as is: MaxText 0.2.5 runs remat 'none' as
-#     'full', and a 'none'-only jump breaks the separable remat model the CP-SAT search relies on (tried).
-#  3. cp: weights are sharded over cp as over fsdp (MaxText's rule, costmodel.memory.weight_shard_degrees, which
-#     the validator follows), so cp4-dp2-full's gathers agree (-9.6 %) and its gradient reduction differs only by
-#     gap 1 and the dK/dV reduction: all-reduce@cp 1,444,000 B = 1,116,160 layers + 262,144 embeddings +
-#     65,536 dK/dV. The K/V traffic is right in bytes but not in kind: per layer 2 all-gathers (forward,
-#     recompute) + 1 reduce-scatter of dK/dV, where the cost model lists 3 all-gathers (seen before the cp weight
-#     rule, when all-gather@cp was K/V only: 131,072 B = 2 x 2 layers x 32,768).
-#  4. FIXED: non-expert gradients are reduced over dp x ep, expert gradients over dp (also when dp == 1).
-#  5. FIXED: with the MoE block recomputed, dispatch and combine all-to-alls rerun (6 per MoE layer; moe-ep4-dp2
-#     all-to-all now 0.0 %) and so does the expert output matmul.
-#  6. tp recompute: under full remat the cost model adds 2 tp all-reduces per layer for the recomputed forward,
-#     but JAX reruns only the attention output projection's (the MLP output is not needed by the backward pass):
-#     1, consistent with recomputed_ops' own rule. Vocab-parallel embedding (forward) and logits input gradient
-#     (backward) add 2 tp all-reduces of tokens x d per step that are not modelled.
-#  7. ep under sequence parallelism: the model divides all-to-all bytes by tp; the validator's routed tokens are
-#     not split over tp (moe-ep2-fsdp2-tp2-none: 1,048,576 B all-to-all@ep vs 524,288 predicted). MaxText's
-#     behaviour here should decide which side changes.
-#  8. cpu-host profile: the calibrated fit drives `attention` to its floor (0.05): fp32 softmax over s x s blocks
-#     on the CPU is element-wise bound, not matmul bound; costmodel.calibrate.BOUNDS (matmul_peak >= 0.3,
-#     hbm >= 0.2) cannot express a host CPU, so the validator fits with wider CPU bounds.
+# How the two sides were brought together, and what is left (evidence: the by-axis lines above, the optimized
+# HLO's op_name metadata, XLA's buffer assignment and live ranges; bytes for d_model 128, seq 128, 2 layers, fp32)
+# Validator / XLA:CPU side (the validator now runs the plan as Megatron and MaxText do):
+#  - attention: flash-style (planner.validate.flash) with blocks of seq/4, so no s x s scores are kept, as the
+#    cost model assumes; flash_flops_adjustment adds its whole diagonal blocks and backward QK^T recompute.
+#  - XLA:CPU's cpu-all-reduce-combiner merged every gradient all-reduce into one at the end of the backward pass,
+#    keeping all unreduced gradients live (fsdp8: 8x the sharded gradients); disabled (planner.validate.CPU_FLAGS).
+#  - remat 'none' runs under jax.checkpoint(everything_saveable): without it XLA merged each weight's forward and
+#    backward all-gathers and kept every gathered layer (fsdp8-none: all-gather -45 %, memory +29 % vs FSDP).
+#  - fused QKV ([d, kv, g+2, hd], split by KV head over tp) and gated-MLP input ([d, 2, f]) projections, split
+#    with jnp.split: one tp reduction of their input gradient each (XLA:CPU reduced q, k, v, wi_0, wi_1 one by
+#    one: tp4-nosp had 18 all-reduces per step for 12).
+#  - norm outputs gathered over tp before the column-split matmuls (Megatron's sequence parallelism; GSPMD had
+#    gathered the weights over tp instead and swapped splits with all-to-alls).
+#  - the embedding lookup spelled out (ids gathered, local d-slice lookup, one all-to-all per weight-shard axis);
+#    MoE top-k as argmax rounds (XLA's top_k partitioner all-gathered the batch's router probabilities).
+#  - all-reduce+reduce-scatter: XLA:CPU has no reduce-scatter creator; both kinds are compared together.
+# Cost-model side (changes the validator found, each also in the published-run calibration):
+#  - Job.scan_layers (MaxText scan_layers): the scanned backward loop's extra stacks are not counted for unrolled
+#    layers (the validator unrolls; dp8/fsdp4-dp2/cp4 over-predictions of 9-28 % before).
+#  - tp: the vocab-parallel embedding and the logits' input gradient (2 all-reduces per micro-step); the
+#    sequence-parallel re-gather of the attention/MLP inputs in the backward (2 all-gathers per layer under any
+#    remat); a MoE layer's MLP collectives carry its routed tokens (k x capacity).
+#  - fsdp: the embedding rows' all-to-all (forward and backward, per weight-shard axis).
+#  - cp: K/V as 2 all-gathers + 1 reduce-scatter per layer (was 3 all-gathers).
+#  - MoE: MaxText's all-to-alls are not split over tp; with nothing recomputed a MoE layer keeps its dispatched
+#    tokens and expert outputs; element-wise FLOPs (costmodel.flops.layer_vector_flops) in the flops check.
+# What is left:
+#  - cp4-dp2-full memory +17 %: 32 tokens per device, so one gathered fp32 layer and its unreduced gradient are
+#    60 % of the predicted temp; the cost model sums the phase maxima (gathered layer + logits + working set),
+#    while XLA:CPU peaks in the loss phase without the layer buffers. Kept: on the TPU compiles of MaxText the
+#    sum is what XLA holds.
+#  - moe-ep2-fsdp2-tp2-none collective-permute (144 KB, 2 % of its traffic): GSPMD reorders devices between the
+#    MoE dispatch shardings; not a collective of the plan.
+#  - matmul_flops (informational): XLA:CPU rewrites some flash block products as multiply-reduce fusions, which
+#    cost_analysis counts (flops check) but the dot count misses; selective plans are 2-4 % over because XLA
+#    does not rerun their flash forward.
+#  - dp8-full temp +17 % with memory +6 %: the gradients and state dominate.
+# cpu-host profile: costmodel.calibrate.BOUNDS (matmul_peak >= 0.3, hbm >= 0.2) cannot express a host CPU, so the
+# validator fits with wider CPU bounds.
 """
 
 
