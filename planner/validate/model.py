@@ -288,7 +288,7 @@ def embed(cfg: Setup, sh: Sharder, table, tokens):
     for a in reversed(list(w)):  # one axis at a time (minor first) from the model dimension to its token
         w.remove(a)
         (seq if a == "cp" else batch).append(a)
-        x = sh(x, tuple(a for a in BATCH if a in batch) or None, tuple(seq) or None, tuple(w) or None)
+        x = sh(x, tuple(b for b in BATCH if b in batch) or None, tuple(seq) or None, tuple(w) or None)
     return sh.resid(x)
 
 
