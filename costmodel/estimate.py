@@ -325,7 +325,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         out.append(_coll("host", "d2h/h2d", "activations", 2 * n, off_bytes, t, exposed, "host"))
     if plan.offload_optimizer:
         # Gradients down, updated parameters up, once per step, not overlapped (they bracket the update).
-        nbytes = mem.optimizer_param_elems * (mem.grad_reduce_bytes + BF16)
+        nbytes = mem.optimizer_param_elems * (mem.grad_bytes + BF16)
         t = nbytes / chip.host_link_Bps
         out.append(_coll("host", "d2h/h2d", "optimizer", 1, nbytes, t, t, "host"))
     if plan.offload_params:

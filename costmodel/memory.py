@@ -89,7 +89,8 @@ def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer
 class MemoryTerms:
     convention: str
     param_bytes: int
-    grad_reduce_bytes: int
+    grad_reduce_bytes: int  # bytes per gradient element on the wire (reduce-scatter / all-reduce)
+    grad_bytes: int  # bytes per stored gradient element
     adam_bytes_per_param: int
     param_elems: float  # parameters stored on this chip (after all weight sharding)
     optimizer_param_elems: float  # parameters whose optimizer state this chip holds and updates
@@ -137,6 +138,9 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float
 
 def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
     w_b, g_b, o_b, adam_b = state_convention(job)
+    # MaxText differentiates the bf16 compute copy of the weights: XLA reduces that bf16 gradient and converts it
+    # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).
+    reduce_b = BF16 if job.framework == "maxtext" else g_b
     weight_shards = math.prod(weight_shard_degrees(job, plan).values())
     body, layer_w, emb = param_counts_per_chip(m, plan)
     params = (body + emb) / weight_shards
@@ -222,7 +226,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         host += params * w_b
     return MemoryTerms(
         convention=job.framework + (" (bf16 weights)" if job.weight_dtype == "bfloat16" else ""),
-        param_bytes=w_b, grad_reduce_bytes=g_b, adam_bytes_per_param=adam_b,
+        param_bytes=w_b, grad_reduce_bytes=reduce_b, grad_bytes=g_b, adam_bytes_per_param=adam_b,
         param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
         layer_weight_elems=layer_w, non_expert_param_elems=params - expert_params_per_chip(m, plan) / weight_shards,
         offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
