@@ -59,24 +59,27 @@ Buffers, from the buffer assignment (XLA_FLAGS=--xla_dump_to=DIR, *memory-usage-
     own count; mlpwo is dropped, as it assumes); bf16 logits and their bf16 gradient.
   * the loop-extra term, term by term (TPU - pred-x = what XLA holds beyond the cost model's base terms):
       full remat, no tp: XLA holds a second copy of the checkpoint stack, as the cost model says: llama2-70b
-        fsdp32 +5.56 GB beyond base vs 5.37 GB counted (-0.4% overall); llama3-8b fsdp4 +1.92 vs 1.07 (-2.0%).
+        fsdp32 +6.03 GB beyond base vs 5.37 GB counted (-1.2% overall); llama3-8b fsdp4 +2.22 vs 1.07 (-2.7%).
       tensor parallelism: the cost model adds a further fp32 layer-gradient stack (MaxText's loop keeps one
-        under tp); the validator's compile has one fp32 gradient stack per weight, not two: over-counted by
-        3.49 GB on llama3-8b fsdp4 x tp2 (+15.0%; -1.4% without it) and 4.31 GB on llama2-70b fsdp32 x tp2 (+16.3%;
-        +0.4% without it). The checkpoint-stack copy is there in both (+0.84, +2.55 GB beyond base).
+        under tp); the validator's compile has one fp32 gradient stack per weight, not two: XLA holds +0.84 GB
+        beyond base on llama3-8b fsdp4 x tp2 where 4.03 GB are counted (+15.0%), +3.05 GB on llama2-70b
+        fsdp32 x tp2 where 6.97 GB are counted (+14.2%).
       more than the layer input saved: the cost model adds min(checkpoint stack, fp32 layer gradients): 6.98 GB
-        on llama3-8b minimal, where XLA holds 2.69 GB beyond base (+8.0%), 1.05 GB of it a third logits-sized
-        bf16 buffer; 3.49 GB on save_qkv_proj at seq 8192, where XLA holds 2.77 GB (+2.2%).
-      context parallelism 2 (full remat): XLA holds what pred-x says (+0.2%), i.e. no second checkpoint stack.
+        on llama3-8b minimal, where XLA holds 3.19 GB beyond base (+7.0%); 3.49 GB on save_qkv_proj at seq 8192,
+        where XLA holds 2.80 GB (+2.1%).
+      context parallelism 2 (full remat): XLA holds 0.33 GB beyond base where 1.07 GB are counted (+3.2%).
   So the remaining gaps are the MaxText loop terms where MaxText's program (flax nn.scan, optax, RoPE) and the
   validator's (jax.lax.scan over a jax.checkpoint'ed layer, hand-written Adam, no RoPE) differ: the tp gradient
-  stack (about 4 B/param of the layers), and the saved-tensor case (half or less of what is counted).
-Collectives: all-gather bytes within 5% on fsdp-only plans (weights, forward + backward re-gather); with tp 2 XLA
-gathers 23-32% more than predicted (not broken down per axis here). reduce-scatter: XLA reduces weight gradients in
-bf16 (the gradient of the bf16 copy, converted to fp32 after the reduce-scatter), the cost model counts 4 B/param:
-+98-170%. XLA:TPU prints a reduce-scatter as an all-reduce inside an `all-reduce-scatter` fusion, which the
+  stack (about 4 B/param of the layers), and the saved-tensor case (half or less of what is counted). Against
+  MaxText's own compiled step the same rules give 19 of 20 configurations within 5% and 3 of 5 holdout ones
+  (benchmarks/maxtext_memory_report.txt).
+Collectives: all-gather bytes within 8% on every plan (weights forward and backward; under tp the norm outputs
+gathered before the column-split matmuls and again in the backward pass); the embedding rows' all-to-all exact.
+reduce-scatter: XLA reduces the bf16 gradient of the compute copy (2 B/param; the cost model counts that since
+this comparison). XLA:TPU prints a reduce-scatter as an all-reduce inside an `all-reduce-scatter` fusion, which the
 validator reclassifies; the llama2-70b fsdp32 rows still show theirs as all-reduce (a fusion name the pattern
-misses). cp adds an all-reduce the cost model does not list.
+misses), and XLA:TPU keeps the tp partial sums as all-reduces where the cost model lists reduce-scatter +
+all-gather under sequence parallelism (same ring traffic). cp adds an all-reduce the cost model does not list.
 FLOPs: cost model + the flash attention's whole diagonal blocks and backward QK^T recompute: within 0.5% everywhere.
 Windowed einsum (XLA:TPU's ring-of-permutes matmul for FSDP) is off for these compiles
 (planner.validate.tpu.topology_devices): its nested loops hide FLOPs from the cost analysis; on the v6e fsdp 8 plan
