@@ -194,9 +194,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     if plan.tp > 1:
         nbytes = tokens * m.d_model * BF16
         t = collective_time(links["tp"], "all-reduce", nbytes, chip.eff.link, chip.eff.net)
-        cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
-        routed = m.experts_per_token * cf + m.n_shared_experts
-        mlp_w = (m.n_dense_mlp_layers + m.n_moe_layers * routed) / m.n_layers  # MLP bytes per layer, in nbytes
+        # MLP bytes per layer, in units of nbytes (a MoE layer's routed rows)
+        mlp_w = (m.n_dense_mlp_layers + m.n_moe_layers * m.routed_rows_per_token) / m.n_layers
         t_mlp = collective_time(links["tp"], "all-reduce", nbytes * mlp_w, chip.eff.link, chip.eff.net)
         # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
         # full recompute) repeats the other.

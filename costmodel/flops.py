@@ -50,8 +50,7 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
     if moe:
         out.append(Op("router", 2 * tokens * d * m.n_experts, min(d, m.n_experts, tokens), ""))
         # Token-dropping MoE pads each expert's batch to capacity: cf x the routed tokens are computed.
-        cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
-        ffn, width = m.moe_ffn_dim, m.experts_per_token * cf + m.n_shared_experts
+        ffn, width = m.moe_ffn_dim, m.routed_rows_per_token
     else:
         ffn, width = m.ffn_dim, 1
     n_in = 2 if m.gated_mlp else 1

@@ -64,10 +64,7 @@ def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
     over tp (the routed tokens are replicated over tp)."""
     sp = plan.tp if plan.sequence_parallel else 1
     ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
-    routed = 0.0
-    if moe:
-        cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
-        routed = 2 * (m.experts_per_token * cf + m.n_shared_experts) * m.d_model
+    routed = 2 * m.routed_rows_per_token * m.d_model if moe else 0.0
     return 2 * m.d_model / sp + ffn * k / plan.tp + routed
 
 

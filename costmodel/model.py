@@ -103,6 +103,16 @@ class ModelSpec:
         return self.n_layers - self.n_moe_layers
 
     @property
+    def effective_capacity_factor(self) -> float:
+        """Expert capacity factor; 0 (no token dropping) counts as 1: every routed token is computed once."""
+        return self.capacity_factor if self.capacity_factor > 0 else 1.0
+
+    @property
+    def routed_rows_per_token(self) -> float:
+        """Expert-input rows a MoE layer computes per token: top-k x capacity factor, plus the shared experts."""
+        return self.experts_per_token * self.effective_capacity_factor + self.n_shared_experts
+
+    @property
     def q_dim(self) -> int:
         """Width of all query heads (n_heads * head_dim)."""
         return self.n_heads * self.head_dim

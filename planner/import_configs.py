@@ -90,9 +90,9 @@ MT_DEFAULTS: dict[str, Any] = {
     "max_target_length": 2048, "per_device_batch_size": 12.0, "gradient_accumulation_steps": 1,
     "num_pipeline_microbatches": -1, "num_layers_per_pipeline_stage": 1, "num_pipeline_repeats": -1,
     "pipeline_parallel_layers": -1, "num_slices": -1, "dtype": "bfloat16", "quantization": "",
-    "remat_policy": "full", "shard_optimizer_over_data": False, "optimizer_memory_host_offload": False,
-    "parameter_memory_host_offload": False, "hardware": "tpu", "compile_topology": "",
-    "compile_topology_num_slices": -1,
+    "remat_policy": "full", "scan_layers": True, "shard_optimizer_over_data": False,
+    "optimizer_memory_host_offload": False, "parameter_memory_host_offload": False, "hardware": "tpu",
+    "compile_topology": "", "compile_topology_num_slices": -1,
     "decoder_layer_input": "device", "query_proj": "remat", "key_proj": "remat", "value_proj": "remat",
     "context": "remat", "out_proj": "remat", "mlpwi": "remat", "mlpwi_0": "remat", "mlpwi_1": "remat",
     "mlpwo": "remat",
@@ -387,8 +387,7 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
     if weight_dtype not in ("float32", "bfloat16"):
         raise InputError(f"{where}: weight_dtype: expected float32 or bfloat16, got {weight_dtype!r}")
     job = Job(seq_len=k.int("max_target_length"), global_batch=global_batch, precision=precision,
-              framework="maxtext", weight_dtype=weight_dtype,
-              scan_layers=k.bool("scan_layers") if "scan_layers" in k.data else True)
+              framework="maxtext", weight_dtype=weight_dtype, scan_layers=k.bool("scan_layers"))
     plan = Plan(**deg, vpp=vpp, micro_batch=micro_batch, zero=1 if k.bool("shard_optimizer_over_data") else 0,
                 sequence_parallel=True, remat=_maxtext_remat(k, m.gated_mlp, notes),
                 offload_optimizer=k.bool("optimizer_memory_host_offload"),

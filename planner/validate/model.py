@@ -197,8 +197,7 @@ def dense_mlp(cfg: Setup, sh: Sharder, p: dict, x):
 
 
 def capacity(m: ModelSpec, seq_len: int) -> int:
-    cf = m.capacity_factor if m.capacity_factor > 0 else 1.0
-    return max(1, math.ceil(m.experts_per_token * seq_len * cf / m.n_experts))
+    return max(1, math.ceil(m.experts_per_token * seq_len * m.effective_capacity_factor / m.n_experts))
 
 
 def _top_k(x, k: int):
