@@ -74,10 +74,16 @@ def compare() -> list[dict]:
         extra = extra_args(r["extra_args"])
         ga = int(extra.get("gradient_accumulation_steps", 1))
         chip = load_hardware("tpu-" + r["topology"].split("-")[0])
-        plan = Plan(fsdp=chips // (tp * cp), tp=tp, cp=cp, micro_batch=b * tp * cp // ga, zero=3,
-                    remat=remat_of(r["remat_policy"], extra))
+        # pipeline: num_pipeline_microbatches defaults to pp; vpp = the circular repeats; layers within a
+        # stage are not scanned (scan_layers_per_stage: false)
+        pp = int(extra.get("ici_pipeline_parallelism", 1))
+        n_micro = int(extra.get("num_pipeline_microbatches", pp)) if pp > 1 else 1
+        m = models.get(r["model_name"])
+        vpp = m.n_layers // (pp * int(extra.get("num_layers_per_pipeline_stage", 1))) if pp > 1 and m else 1
+        plan = Plan(fsdp=chips // (tp * cp * pp), tp=tp, cp=cp, pp=pp, vpp=vpp,
+                    micro_batch=b * tp * cp * pp // (ga * n_micro), zero=3, remat=remat_of(r["remat_policy"], extra))
         job = Job(seq_len=int(r["max_target_length"]), global_batch=b * chips, framework="maxtext",
-                  weight_dtype=extra.get("weight_dtype", "float32"))
+                  weight_dtype=extra.get("weight_dtype", "float32"), scan_layers=pp == 1)
         cost = estimate(models[r["model_name"]], chip, job, plan, chips)
         row = {"id": r["id"], "chips": chips, "predicted_bytes": cost.peak_memory_bytes, "fits": cost.fits,
                "holdout": r["id"] in HOLDOUT, "breakdown": cost.memory}

@@ -186,6 +186,9 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     layers = m.n_layers / plan.pp
     tokens = plan.micro_batch * job.seq_len / plan.cp
     micro_steps = accum
+    # Layer passes per stage, in micro-batches: MaxText's pipeline iterations run every stage through the bubble
+    # too (M * vpp + pp - 1 iterations of L / (pp * vpp) layers), each with its layers' collectives.
+    layer_steps = micro_steps + ((plan.pp - 1) / plan.vpp if plan.pp > 1 and job.framework == "maxtext" else 0)
 
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under SP: same ring traffic) of the
     # activations per layer forward (attention and MLP outputs), 2 backward (their inputs' gradients), and again
@@ -206,7 +209,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         exposed = max(per_layer_t * (1 - chip.eff.tp_overlap),
                       per_layer_t - chip.eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
         share_att = n_att * t / per_layer_t
-        n = layers * micro_steps
+        n = layers * layer_steps
         out.append(_coll("tp", "all-reduce", "activations", n_att * n, nbytes, t, share_att * exposed * n,
                          links["tp"].level))
         out.append(_coll("tp", "all-reduce", "MLP activations", n_mlp * n, nbytes * mlp_w, t_mlp,
@@ -215,18 +218,22 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         # shards (Megatron's VocabParallelEmbedding all-reduce), and so is the gradient of the logits' input
         # (the final norm output); one each per micro-step, on the first and the last stage. Not hidden: they
         # open the forward and the backward pass. Seen in the validator's HLO (tp plans: 2 per step).
-        n_vocab = (2 if plan.pp == 1 else 1) * micro_steps
+        # MaxText with pp: both on every stage, for its M / pp micro-batches (the batch is split over the stages).
+        if plan.pp > 1 and job.framework == "maxtext":
+            n_vocab = 2 * micro_steps / plan.pp
+        else:
+            n_vocab = (2 if plan.pp == 1 else 1) * micro_steps
         out.append(_coll("tp", "all-reduce", "embedding/logits", n_vocab, nbytes, t, n_vocab * t, links["tp"].level))
         # Sequence parallelism: the backward pass all-gathers the sequence-sharded inputs of the attention and
         # MLP input projections again for their weight gradients (Megatron re-gathers rather than keeping them,
         # Korthikanti et al. 2022, sec. 4.2.2; XLA does the same whenever the norm outputs are recomputed, i.e.
         # under any remat). Hidden like the layer's other tp collectives.
         if plan.sequence_parallel and (job.framework != "maxtext" or plan.remat.count("remat") > 0):
-            n_sp = 2 * layers * micro_steps
+            n_sp = 2 * layers * layer_steps
             t_ag = collective_time(links["tp"], "all-gather", nbytes, chip.eff.link, chip.eff.net)
             exposed_sp = max(2 * t_ag * (1 - chip.eff.tp_overlap), 2 * t_ag - chip.eff.tp_overlap * st.layer_bwd)
             out.append(_coll("tp", "all-gather", "sequence-parallel re-gather", n_sp, nbytes, t_ag,
-                             exposed_sp * layers * micro_steps, links["tp"].level))
+                             exposed_sp * layers * layer_steps, links["tp"].level))
 
     # Weight-sharded axes (fsdp, plus dp under ZeRO-3): all-gather bf16 weights per layer forward and again in
     # backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
@@ -240,7 +247,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         t_rs = group_time(wlinks, "reduce-scatter", gbytes, chip, flat)
         exp_f = max(0.0, t_ag - ov * st.layer_fwd)
         exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
-        n = layers * micro_steps
+        n = layers * layer_steps
         lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
         out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
         out.append(_coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl))
@@ -270,9 +277,14 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     # Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
     # gradients are reduced over dp x ep in one collective, the experts' over dp alone.
     moe_ep = plan.ep > 1 and m.n_moe_layers > 0
-    shared = mem.non_expert_param_elems if moe_ep else 0.0
+    # MaxText with pp: the embedding tables sit on every stage and see every stage's share of the batch, so their
+    # gradients are reduced over dp x pp in one collective (the stage weights' over dp alone).
+    pp_tables = 0.0
+    if plan.pp > 1 and job.framework == "maxtext":
+        pp_tables = m.embedding_params() / plan.tp / math.prod(weight_shard_degrees(job, plan).values())
+    shared = mem.non_expert_param_elems - pp_tables if moe_ep else 0.0
     if plan.dp > 1 and plan.zero < 3:
-        gbytes = (mem.grad_elems_for_reduce - shared) * mem.grad_reduce_bytes
+        gbytes = (mem.grad_elems_for_reduce - shared - pp_tables) * mem.grad_reduce_bytes
         t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)
         exposed = max(0.0, t - ov * st.bwd)
         out.append(_coll("dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes, t, exposed,
@@ -283,13 +295,21 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         t = group_time(group, "all-reduce", gbytes, chip)
         out.append(_coll("dp+ep" if len(group) > 1 else "ep", "all-reduce", "non-expert grads", 1, gbytes, t,
                          max(0.0, t - ov * st.bwd), group[-1].level))
+    if pp_tables:
+        group = ([links["dp"]] if plan.dp > 1 and plan.zero < 3 else []) + ([links["ep"]] if moe_ep else [])
+        group.append(links["pp"])
+        gbytes = pp_tables * mem.grad_reduce_bytes
+        t = group_time(group, "all-reduce", gbytes, chip)
+        axis = "+".join(a for a, n in (("dp", plan.dp > 1 and plan.zero < 3), ("ep", moe_ep), ("pp", True)) if n)
+        out.append(_coll(axis, "all-reduce", "embedding table grads", 1, gbytes, t, max(0.0, t - ov * st.bwd),
+                         links["pp"].level))
 
     # Context parallel: all-gather K and V per layer forward; the backward pass gathers them again and
     # reduce-scatters dK, dV (the same ring traffic each; XLA re-gathers even when nothing is recomputed).
     if plan.cp > 1:
         kv_bytes = plan.micro_batch * job.seq_len * 2 * m.kv_dim / plan.tp * BF16
         t = collective_time(links["cp"], "all-gather", kv_bytes, chip.eff.link, chip.eff.net)
-        n = layers * micro_steps
+        n = layers * layer_steps
         exposed = n * (max(0.0, t - ov * st.attention_fwd / layers) + max(0.0, 2 * t - ov * 2.5 * st.attention_fwd
                                                                          / layers))
         out.append(_coll("cp", "all-gather", "keys/values", 2 * n, kv_bytes, t, exposed * 2 / 3, links["cp"].level))
@@ -304,14 +324,24 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
         a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / split
         t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
-        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * m.n_moe_layers / plan.pp * micro_steps
+        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * m.n_moe_layers / plan.pp * layer_steps
         out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))
 
     # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.
     if plan.pp > 1:
         p_bytes = tokens * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
         t = collective_time(links["pp"], "p2p", p_bytes, chip.eff.link, chip.eff.net)
-        count = 2 * plan.vpp * micro_steps
+        if job.framework == "maxtext":
+            # MaxText shifts every stage's output to the next stage once per pipeline iteration but the last
+            # (M * vpp + pp - 1 iterations), forward and backward; and the logits' batch is split over the
+            # stages, so (pp - 1) / pp of the last stage's outputs move to the other stages (and back).
+            count = 2 * (plan.vpp * micro_steps + plan.pp - 2)
+            share = micro_steps / plan.pp * p_bytes
+            t_out = collective_time(links["pp"], "p2p", share, chip.eff.link, chip.eff.net)
+            out.append(_coll("pp", "p2p", "outputs to the logits' batch shards", 2 * (plan.pp - 1), share, t_out,
+                             2 * (plan.pp - 1) * t_out, links["pp"].level))
+        else:
+            count = 2 * plan.vpp * micro_steps
         out.append(_coll("pp", "p2p", "activations", count, p_bytes, t, count * t, links["pp"].level))
 
     # Offloaded activations go to host in forward and come back in backward, hidden behind that layer.

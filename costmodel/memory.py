@@ -119,7 +119,7 @@ def expert_params_per_chip(m: ModelSpec, plan: Plan) -> float:
     return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (plan.pp * plan.tp)
 
 
-def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float]:
+def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron") -> tuple[float, float, float]:
     """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share)."""
     tp, pp, ep = plan.tp, plan.pp, plan.ep
     non_expert = m.n_layers * (m.attn_params() + m.layer_norm_params()) + m.n_dense_mlp_layers * m.dense_mlp_params()
@@ -128,8 +128,10 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan) -> tuple[float, float, float
         non_expert += m.n_moe_layers * m.d_model * m.n_experts  # routers, replicated over ep
         expert = m.n_moe_layers * (m.n_experts / ep + m.n_shared_experts) * m.expert_params()
     body = (non_expert + expert) / (pp * tp)
-    # Embedding (vocab-sharded by tp): both tables on one stage without pipelining; one per end stage with it.
-    emb = (m.embedding_params() if pp == 1 else m.vocab_size * m.d_model) / tp
+    # Embedding (vocab-sharded by tp): both tables on one stage without pipelining; with it, one per end stage
+    # (Megatron), or both on every stage (MaxText embeds and computes the logits outside its pipeline module;
+    # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).
+    emb = (m.embedding_params() if pp == 1 or framework == "maxtext" else m.vocab_size * m.d_model) / tp
     return body, body / (m.n_layers / pp), emb
 
 
@@ -139,7 +141,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).
     reduce_b = BF16 if job.framework == "maxtext" else g_b
     weight_shards = math.prod(weight_shard_degrees(job, plan).values())
-    body, layer_w, emb = param_counts_per_chip(m, plan)
+    body, layer_w, emb = param_counts_per_chip(m, plan, job.framework)
     params = (body + emb) / weight_shards
     opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)
     grad_params = params / (plan.dp if plan.zero == 2 else 1)
@@ -150,7 +152,8 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # step casts the whole (sharded) parameter tree to bf16 once and keeps it (seen in XLA's temp allocation).
     weights_working = params * BF16 if (plan.offload_params or (job.framework == "maxtext" and w_b > BF16)) else 0.0
     accum_buf = 0.0
-    if accum > 1 and job.framework == "maxtext":
+    if accum > 1 and job.framework == "maxtext" and plan.pp == 1:
+        # (with pp the accumulation is the pipeline's micro-batches: gradient_accumulation_steps = 1)
         # MaxText's gradient accumulation (utils/gradient_accumulation.py) runs a lax.scan whose carry holds an
         # fp32 gradient accumulator and a copy of the parameters (bf16 when the optimizer is sharded over data,
         # else weight_dtype): the argument buffers stay live for the update, so the loop carry is a second copy.
@@ -181,12 +184,18 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         saved += frac * dev * tokens * BF16
         offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
         none_all = max(none_all, (sum(el.values()) + extra) * tokens * BF16)
-    if plan.pp > 1:
+    if plan.pp > 1 and job.framework == "maxtext":
+        # MaxText's pipeline (layers/pipeline.py) is one scan over M * vpp + pp - 1 iterations, each running
+        # L / (pp * vpp) layers of every stage, differentiated as a whole: every iteration's checkpoints are kept
+        # (the bubble's too), M + (pp - 1) / vpp micro-batches' worth per layer of the stage.
+        inflight = accum + (plan.pp - 1) / plan.vpp
+    elif plan.pp > 1:
         inflight = min(accum, plan.pp) * ((1 + (plan.pp - 1) / (plan.pp * plan.vpp)) if plan.vpp > 1 else 1)
     else:
         inflight = 1
     act_saved = saved * layers_stage * inflight
-    if job.framework == "maxtext" and job.scan_layers and plan.remat.count("remat") > 0:
+    # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)
+    if job.framework == "maxtext" and job.scan_layers and plan.pp == 1 and plan.remat.count("remat") > 0:
         only_input = plan.remat.count("device") == 1 and choices["layer_input"] == "device"
         layer_grads = grad_params * 4 * body / (body + emb)
         act_saved += xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
@@ -200,8 +209,18 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
     # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
     coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
+    if weight_shards > 1 and plan.pp > 1 and job.framework == "maxtext":
+        # MaxText's pipeline: the whole stage's bf16 weights stay gathered through the iteration loop and its bf16
+        # gradient is reduced after it (XLA hoists the loop-invariant gathers): llama2-7b, v5p-16, fsdp 4 x pp 2
+        # held 12.0 GB of temporaries beyond the other terms, for 13.0 GB of stage weights + gradients
+        # (benchmarks/maxtext_memory, l2-7b_v5p16_b2_s2048_full_pp2; one compile, the only pp one so far).
+        coll = (BF16 + BF16) * layer_w * layers_stage
 
-    if plan.pp > 1:
+    if plan.pp > 1 and job.framework == "maxtext":
+        # Every stage runs the same program; the logits' batch is split over the stages too
+        # (activation_embed_and_logits_batch: data, stage, fsdp), M / pp micro-batches of logits per chip.
+        acts, logits_counted = act_saved, logits * accum / plan.pp
+    elif plan.pp > 1:
         last_stage = act_saved / inflight + logits
         first_stage = act_saved
         acts, logits_counted = (first_stage, 0.0) if first_stage >= last_stage else (act_saved / inflight, logits)

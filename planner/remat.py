@@ -12,7 +12,8 @@ How (identical layers share one decision, so there are only 6 tensors + 2 switch
             + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
                                                                               each layer's forward / backward)
      HBM   = R0 + w_o*o + w_p*p + act(KS),  KS = B + xi*NR + sum_t (b_t if NR else a_t) * D_t
-             act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage)
+             act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage;
+             MaxText: inflight*KS + logits, every stage runs the same program)
      host  = sum_t eta_t*O_t + h_o*o + h_p*p
    R/D/O_t: tensor t recomputed / kept / offloaded; A: any tensor whose remat reruns an op (memory-bound ops
    then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too, and
@@ -159,6 +160,7 @@ class Surrogate:
     xi: float = 0.0
     logits: float = 0.0
     inflight: float = 1.0
+    same_stages: bool = False  # pp > 1 under MaxText: every stage holds inflight * KS + logits (no first/last)
     eta: dict[str, float] = field(default_factory=dict)
     h_o: float = 0.0
     h_p: float = 0.0
@@ -185,8 +187,8 @@ class Surrogate:
     def hbm(self, ch: Choice) -> float:
         rest = self.R0 + self.w_o * ch.offload_optimizer + self.w_p * ch.offload_params
         ks = self.ks(ch)
-        if self.mesh.pp == 1:
-            return rest + ks + self.logits
+        if self.mesh.pp == 1 or self.same_stages:
+            return rest + self.inflight * ks + self.logits
         return rest + max(self.inflight * ks, ks + self.logits)
 
     def host(self, ch: Choice) -> float:
@@ -264,6 +266,9 @@ class Surrogate:
         cap = math.floor(self.usable_hbm - self.R0 - self.B)
         if self.mesh.pp == 1:
             P.add(rest + ks, ub=math.floor(cap - self.logits))
+        elif self.same_stages:
+            P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
+                  ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B - self.logits))
         else:
             P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
                   ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B))
@@ -343,7 +348,8 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
 
     if template is not None:
-        for name in ("lam", "eps", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi", "logits", "inflight", "eta"):
+        for name in ("lam", "eps", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi", "logits", "inflight",
+                     "same_stages", "eta"):
             setattr(s, name, getattr(template, name))
         run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
         run(_choice(NONE, mlp_in="offload"))
@@ -379,13 +385,17 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
     s.logits = c_min.memory.get("logits", 0.0)
-    if mesh.pp > 1:
+    if mesh.pp > 1 and job.framework == "maxtext":  # costmodel.memory: MaxText's pipeline iterations
+        s.inflight, s.same_stages = c0.grad_accum + (mesh.pp - 1) / mesh.vpp, True
+    elif mesh.pp > 1:
         accum = c0.grad_accum
         s.inflight = min(accum, mesh.pp) * ((1 + (mesh.pp - 1) / (mesh.pp * mesh.vpp)) if mesh.vpp > 1 else 1)
 
     def ks(c: Cost) -> float:
         if mesh.pp == 1:
             return _act(c) - s.logits
+        if s.same_stages:
+            return c.memory.get("activations", 0.0) / s.inflight
         if c.memory.get("logits", 0.0) == 0.0:  # first stage is the peak: all in-flight micro-batches
             return c.memory.get("activations", 0.0) / s.inflight
         return c.memory.get("activations", 0.0)

@@ -372,3 +372,45 @@ def test_moe_layers_keep_routed_tokens_when_nothing_is_recomputed():
     # TINY_MOE (top-2 of 4 experts, expert width 32): norms 128, activations 2 x 32, and the dispatched tokens
     # plus the expert outputs, 2 x top-2 x 64.
     assert extra_saved_elems_per_token(TINY_MOE, Plan(), True) == 128 + 64 + 2 * 2 * 64
+
+
+def test_maxtext_pipeline_memory_and_collectives_by_hand():
+    """MaxText's pipeline (layers/pipeline.py): one scan over M * vpp + pp - 1 iterations on every stage, the
+    embedding and logits outside it with the batch split over the stages too. TINY (2 layers, d 64, vocab 100) on
+    pp 2 x dp 2 x tp 2, seq 16, micro-batch 1, M = 4 micro-batches per step, full remat, unscanned layers."""
+    job = Job(seq_len=16, global_batch=8, framework="maxtext", scan_layers=False)
+    plan = Plan(dp=2, tp=2, pp=2, micro_batch=1, remat=REMAT_POLICIES["full"])
+    cost = estimate(TINY, V5P, job, plan, 8)
+    assert cost.grad_accum == 4
+    mem = memory_terms(TINY, V5P, job, plan, accum=4)
+    b = mem.breakdown
+    # every stage holds both tables (vocab over tp) and its layer; no gradient-accumulation carry under pp
+    layer = (TINY.attn_params() + TINY.layer_norm_params() + TINY.dense_mlp_params()) / 2
+    assert mem.param_elems == pytest.approx(layer + 2 * 100 * 64 / 2)
+    assert b["gradients"] == pytest.approx(4 * mem.param_elems)
+    # 1 layer x (M + pp - 1 = 5 iterations) x the saved layer input, bf16, sequence-parallel (16 / 2 tokens); no
+    # scanned-layer loop extra (a stage's layers are unscanned); logits of M / pp = 2 micro-batches (bf16 + grad)
+    assert b["activations"] == pytest.approx(1 * 5 * (16 / 2) * 64 * 2)
+    assert b["logits"] == pytest.approx(2 * 16 * 100 / 2 * 4)
+    by = {(x.axis, x.kind, x.purpose): x for x in cost.collectives}
+    # stage shifts every iteration but the last (4 forward, 4 backward), plus the last stage's outputs to the
+    # other stage's logits shard: (pp - 1) shifts of M / pp micro-batches each way
+    p2p = by["pp", "p2p", "activations"]
+    assert (p2p.count, p2p.bytes_each) == (2 * (4 + 2 - 2), 16 * 64 * 2 / 2)
+    out = by["pp", "p2p", "outputs to the logits' batch shards"]
+    assert (out.count, out.bytes_each) == (2 * 1, 2 * 16 * 64 * 2 / 2)
+    # the tables' gradients (bf16, 2 B) over dp x pp; the stage's layer over dp alone
+    tables = by["dp+pp", "all-reduce", "embedding table grads"]
+    assert tables.bytes_each == pytest.approx(2 * 100 * 64 / 2 * 2)
+    assert by["dp", "all-reduce", "grads"].bytes_each == pytest.approx(layer * 2)
+    # tp collectives run on every iteration, the bubble's too: 1 layer x (M + pp - 1) x (fwd + bwd + rerun)
+    assert by["tp", "all-reduce", "activations"].count == 5 * 3
+    assert by["tp", "all-reduce", "embedding/logits"].count == 2 * 4 / 2  # both on every stage, M / pp each
+    # fsdp under the pipeline: the whole stage stays gathered (bf16 weights + bf16 gradient)
+    fplan = Plan(fsdp=2, tp=2, pp=2, micro_batch=1, remat=REMAT_POLICIES["full"])
+    big = replace(TINY, n_layers=4)
+    fmem = memory_terms(big, V5P, job, fplan, accum=4)
+    assert fmem.breakdown["collective_buffers"] == pytest.approx((2 + 2) * fmem.layer_weight_elems * 2)
+    # Megatron keeps its 1F1B accounting: min(M, pp) micro-batches in flight, one table per end stage
+    mega = memory_terms(TINY, V5P, replace(job, framework="megatron"), plan, accum=4)
+    assert mega.param_elems == pytest.approx(layer + 100 * 64 / 2)

@@ -97,11 +97,13 @@ def has_jax():
 
 def test_sharded_step_equals_one_device_step(has_jax):
     r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
-                        "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective"],
+                        "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective,"
+                        "pp2-dp2-full-scanned"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 3  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp
+    assert len(rows) == 4  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
+    # the same schedule as one lax.scan over the ticks
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row

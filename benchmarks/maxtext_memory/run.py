@@ -111,6 +111,9 @@ CONFIGS: list[Config] = [
     Config("l3-70b_v5p128_b1_s8192_saveqkv", "llama3-70b", "v5p-128", 1, 8192, "save_qkv_proj"),
     Config("qwen3-8b_v6e16_b2_s4096_minimal", "qwen3-8b", "v6e-16", 2, 4096, "minimal"),
     Config("l2-7b_v5p32_b4_s2048_full_tp4", "llama2-7b", "v5p-32", 4, 2048, "full", tensor=4),
+    # pipeline parallelism (GPipe: one layer block of 16 per stage, no circular repeats)
+    Config("l2-7b_v5p16_b2_s2048_full_pp2", "llama2-7b", "v5p-16", 2, 2048, "full",
+           extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16}),
 ]
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)

@@ -25,7 +25,7 @@ import contextlib
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from costmodel.cost import Cost
@@ -116,34 +116,16 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
     return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a)
 
 
-def pipeline_replicated_param_bytes(m: ModelSpec, job: Job, plan: Plan) -> float:
-    """fp32 bytes per device of the parameters the validator's pipeline keeps on every stage beyond the cost
-    model's one embedding table per stage (the untied output projection); 0 without pp."""
-    import math
-
-    from costmodel.memory import weight_shard_degrees
-
-    if plan.pp == 1:
-        return 0.0
-    extra = m.embedding_params() - m.vocab_size * m.d_model
-    return 4.0 * extra / plan.tp / math.prod(weight_shard_degrees(job, plan).values())
-
-
-def pipeline_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, per_device_flops: float) -> float:
+def pipeline_flops_adjustment(job: Job, plan: Plan, per_device_flops: float, head_flops: float) -> float:
     """Per-device FLOPs the validator's GPipe step (planner.validate.pipeline) computes beyond `per_device_flops`,
-    the cost model's per-chip average (with the attention adjustment); 0 without pp.
-
-    Two terms: (1) every stage runs its layers, forward and backward, on M + pp - 1 ticks, not M (SPMD stages
-    compute through the bubble): the layer FLOPs x (pp - 1) / M more; (2) every stage computes the output
-    projection (fwd + bwd) on its outputs, where the per-chip average puts it on one stage of pp."""
+    the cost model's per-chip average (with the attention adjustment; head_flops of it are the logits', which
+    every stage computes for its M / pp micro-batches, as the average says); 0 without pp. Every stage runs its
+    layers, forward and backward, on M + pp - 1 ticks, not M (SPMD stages compute through the bubble, as MaxText's
+    pipeline iterations do): the layer FLOPs x (pp - 1) / M more."""
     if plan.pp == 1:
         return 0.0
-    from costmodel.flops import logits_op
-
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
-    head = 3 * logits_op(m, plan.micro_batch * job.seq_len / plan.cp, plan.tp).flops * accum  # one stage
-    layers = per_device_flops - head / plan.pp
-    return layers * (plan.pp - 1) / accum + head * (1 - 1 / plan.pp)
+    return (per_device_flops - head_flops) * (plan.pp - 1) / accum
 
 
 def error_pct(pred: float, xla: float) -> float | None:
@@ -258,6 +240,14 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     compiled = compile_with_timeout(step, timeout_s)
     res.compile_s = time.perf_counter() - t0
     mem = hlo.memory(compiled)
+    if plan.pp > 1:
+        # Memory from the same step with the pipeline ticks as one lax.scan, as MaxText's pipeline iterates: in the
+        # unrolled step XLA:CPU's scheduler defers every tick's weight-gradient products to the end of the
+        # backward pass, keeping their inputs (FLOPs and collectives come from the unrolled step, which XLA
+        # counts tick by tick).
+        scanned = build_step(replace(cfg, scan_pipeline=True), step.mesh)
+        mem = hlo.memory(compile_with_timeout(scanned, timeout_s))
+        res.compile_s = time.perf_counter() - t0
     flops = hlo.flops(compiled)
     platform = jax.devices()[0].platform
     text = compiled.as_text()
@@ -284,9 +274,12 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     pred_flops = cost.hardware_flops_per_step / plan.chips + extra
     why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + flash-attention blocks {extra:.4g}"
     if plan.pp > 1:
-        pipe = pipeline_flops_adjustment(small, job, plan, pred_flops)
+        from costmodel.flops import logits_op
+
+        head = 3 * logits_op(small, plan.micro_batch * job.seq_len / plan.cp, plan.tp).flops * accum / plan.pp
+        pipe = pipeline_flops_adjustment(job, plan, pred_flops, head)
         pred_flops += pipe
-        why += f" + GPipe bubble ticks and output projection on every stage {pipe:.4g}"
+        why += f" + GPipe bubble ticks {pipe:.4g}"
     vec = cost.vector_flops_per_step / plan.chips
     res.checks.append(_check(name, "flops", pred_flops + vec, flops,
                              f"{why} + element-wise {vec:.4g}; XLA cost_analysis incl. element-wise ops"))
@@ -302,12 +295,6 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     state_xla = mem["argument"] - batch_bytes - 4  # minus tokens, targets and the step counter
     peak_pred = cost.peak_memory_bytes - working_copy
     state_note = "fp32 weights + Adam moments"
-    pipe_extra = pipeline_replicated_param_bytes(small, job, plan)
-    if pipe_extra:
-        state_pred += 3 * pipe_extra  # weights + 2 Adam moments
-        peak_pred += 4 * pipe_extra  # ... + their gradients
-        state_note += (f"; + {3 * pipe_extra / 2**20:.3f} MiB: the validator keeps the output projection on every "
-                       "pipeline stage (the cost model: one table per end stage)")
     res.checks.append(_check(name, "memory_bytes", peak_pred, mem["peak"],
                              "XLA: argument + output + temp - alias; prediction without the bf16 compute copy"
                              if working_copy else "XLA: argument + output + temp - alias"))

@@ -49,6 +49,7 @@ class Setup:
     compute_dtype: str = "bfloat16"
     flash_block: int = 512  # query / key block of the flash-style attention (planner.validate.flash)
     grad_clip: float = 0.0  # > 0: clip by global norm (MaxText's gradient_clipping_threshold, default 1.0)
+    scan_pipeline: bool = False  # pp plans: the ticks as one lax.scan (planner.validate.pipeline.scanned_ticks)
 
     @property
     def cdt(self):

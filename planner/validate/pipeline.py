@@ -95,11 +95,67 @@ def stage_param_specs(cfg: Setup, moments: bool = False) -> dict:
 
 # ---- the pipelined loss ----------------------------------------------------------------------------------
 
+MANUAL = ("pp", "dp")  # the shard_map's manual axes
+
+
+def _auto(entry):
+    """A PartitionSpec entry without the manual axes."""
+    if entry is None or isinstance(entry, str):
+        return None if entry in MANUAL else entry
+    kept = tuple(a for a in entry if a not in MANUAL)
+    return kept or None
+
+
 class StageSharder(Sharder):
-    """Sharding constraints inside the shard_map (manual over 'pp'): bare PartitionSpecs on its mesh."""
+    """Sharding constraints inside the shard_map (manual over 'pp' and 'dp'): bare PartitionSpecs over the
+    automatic axes."""
 
     def __call__(self, x, *spec):
-        return jax.lax.with_sharding_constraint(x, P(*spec))
+        return jax.lax.with_sharding_constraint(x, P(*(_auto(e) for e in spec)))
+
+
+def unrolled_ticks(cfg: Setup, sh: Sharder, f, layers, table, tokens, stage) -> list:
+    """The GPipe forward, unrolled (XLA's cost analysis counts every tick; XLA:CPU's scheduler, though, defers
+    each tick's weight-gradient products to the end of the backward pass and keeps their inputs): at tick t
+    stage s runs micro-batch t - s; returns the last stage's M outputs."""
+    S, M = cfg.plan.pp, micro_steps(cfg)
+    fwd_pairs = [(i, i + 1) for i in range(S - 1)]
+    state, outs = None, []
+    for t in range(M + S - 1):
+        if t < M:
+            x0 = sh.resid(jnp.take(table, tokens[t], axis=0))
+            state = x0 if state is None else sh.resid(jnp.where(stage == 0, x0, state))
+        for lp in layers:
+            state = f(lp, state)
+        if t >= S - 1:
+            outs.append(state)  # the last stage's output of micro-batch t - (S - 1)
+        if t < M + S - 2:
+            state = sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs))
+    return outs
+
+
+def scanned_ticks(cfg: Setup, sh: Sharder, f, layers, table, tokens, stage) -> list:
+    """The same schedule as one lax.scan over the ticks, as MaxText's pipeline iterates (each tick's weight
+    gradients are accumulated in the backward loop's carry); for the memory figure only: XLA counts a loop body's
+    FLOPs and collectives once."""
+    S, M = cfg.plan.pp, micro_steps(cfg)
+    fwd_pairs = [(i, i + 1) for i in range(S - 1)]
+
+    # The micro-batches are embedded before the loop (MaxText embeds outside its pipeline module), one per tick
+    # for the first M ticks.
+    x0s = sh(jnp.take(table, tokens, axis=0), None, BATCH, sh.seq, None)
+    x0s = jnp.concatenate([x0s, jnp.zeros((S - 1, *x0s.shape[1:]), x0s.dtype)])
+
+    def tick(state, xs):
+        t, x0 = xs
+        state = sh.resid(jnp.where((stage == 0) & (t < M), x0, state))
+        for lp in layers:
+            state = f(lp, state)
+        return sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs)), state
+
+    init = jnp.zeros_like(x0s[0])
+    _, ys = jax.lax.scan(tick, init, (jnp.arange(M + S - 1), x0s))
+    return [ys[S - 1 + k] for k in range(M)]
 
 
 def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
@@ -111,33 +167,29 @@ def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
 
     def stage_program(layers, rest, tokens, targets):
         cdt = cfg.cdt
-        layers = jax.tree.map(lambda a: a[0].astype(cdt), layers)  # this stage's [1, ...] slice
-        # The pp-replicated parameters turn stage-varying here, once: their gradients are summed over 'pp' once
-        # per step (not the embedding's output gradient once per micro-batch).
-        p = jax.tree.map(lambda a: jax.lax.pcast(a.astype(cdt), "pp", to="varying"), rest)
+        # Every parameter turns varying over the manual axes once, here: its gradient is summed over 'dp' (the
+        # pp-replicated ones over 'dp' x 'pp', one all-reduce) once per step, after the last micro-batch, as
+        # MaxText and Megatron reduce gradients (left to GSPMD, each tick's partial sums were all-reduced).
+        layers = jax.tree.map(lambda a: jax.lax.pcast(a[0].astype(cdt), "dp", to="varying"), layers)
+        p = jax.tree.map(lambda a: jax.lax.pcast(a.astype(cdt), MANUAL, to="varying"), rest)
         stage = jax.lax.axis_index("pp")
-        fwd_pairs = [(i, i + 1) for i in range(S - 1)]
-        state, outs = None, []
-        for t in range(M + S - 1):  # unrolled: XLA's cost analysis counts every tick
-            if t < M:
-                x0 = sh.resid(jnp.take(p["embed"], tokens[t], axis=0))
-                state = x0 if state is None else sh.resid(jnp.where(stage == 0, x0, state))
-            for lp in layers:
-                state = f(lp, state)
-            if t >= S - 1:
-                outs.append(state)  # the last stage's output of micro-batch t - (S - 1)
-            if t < M + S - 2:
-                state = sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs))
+        outs = (scanned_ticks if cfg.scan_pipeline else unrolled_ticks)(cfg, sh, f, layers, p["embed"], tokens, stage)
+        # MaxText computes the logits outside the pipeline with the batch split over the stages too
+        # (activation_embed_and_logits_batch: data, stage, fsdp): stage j takes micro-batches [j*M/S, (j+1)*M/S)
+        # of the last stage's outputs (one shift from the last stage per other stage).
+        n = M // S
+        mine = jnp.stack(outs[(S - 1) * n:])
+        for j in range(S - 1):
+            got = jax.lax.ppermute(jnp.stack(outs[j * n:(j + 1) * n]), "pp", [(S - 1, j)])
+            mine = jnp.where(stage == j, got, mine)
+        tgt = jax.lax.dynamic_slice_in_dim(targets, stage * n, n, axis=0)
         w_out = p["embed"].T if m.tied_embeddings else p["unembed"]
-        total = 0.0
-        for k, x in enumerate(outs):
-            x = sh.resid(rmsnorm(x, p["final_norm"]))
-            logits = sh(jnp.einsum("bsd,dv->bsv", x, w_out), BATCH, "cp", "tp").astype(jnp.float32)
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            target_logit = jnp.sum(logits * jax.nn.one_hot(targets[k], m.vocab_size, dtype=logits.dtype), axis=-1)
-            total = total + jnp.mean(lse - target_logit)
-        loss = jnp.where(stage == S - 1, total / M, 0.0)
-        return jax.lax.psum(loss, "pp")
+        x = sh(rmsnorm(mine, p["final_norm"]), None, BATCH, "cp", None)
+        logits = sh(jnp.einsum("nbsd,dv->nbsv", x, w_out), None, BATCH, "cp", "tp").astype(jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        target_logit = jnp.sum(logits * jax.nn.one_hot(tgt, m.vocab_size, dtype=logits.dtype), axis=-1)
+        loss = jnp.mean(lse - target_logit) / S  # the mean of this stage's share; summed over the stages
+        return jax.lax.pmean(jax.lax.psum(loss, "pp"), "dp")
 
     # Micro-batches [M, b, s] outside the shard_map: micro-batch k holds rows k, M + k, 2M + k, ... of the batch,
     # so that every device keeps its own rows (a local reshape of the batch-sharded tokens).
@@ -147,8 +199,8 @@ def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
                        for a in (tokens, targets))
     rest_specs = jax.tree.map(lambda _: P(), rest)
     layer_specs = jax.tree.map(lambda _: P("pp"), layers)
-    prog = jax.shard_map(stage_program, mesh=mesh, in_specs=(layer_specs, rest_specs, P(), P()), out_specs=P(),
-                         axis_names=frozenset({"pp"}))
+    prog = jax.shard_map(stage_program, mesh=mesh, in_specs=(layer_specs, rest_specs, P(None, "dp"), P(None, "dp")),
+                         out_specs=P(), axis_names=frozenset(MANUAL))
     return prog(layers, rest, tokens, targets)
 
 

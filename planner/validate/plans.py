@@ -30,5 +30,6 @@ PLAN_SETS: dict[str, list[tuple[str, str, Plan]]] = {
         ("cp2-fsdp4-none", "llama3-8b", _p(fsdp=4, cp=2, remat="none")),
         ("moe-ep4-dp2-full", "mixtral-8x7b", _p(dp=2, ep=4)),
         ("moe-ep2-fsdp2-tp2-none", "mixtral-8x7b", _p(fsdp=2, ep=2, tp=2, remat="none")),
+        ("pp2-dp4-full", "llama3-8b", _p(pp=2, dp=4)),
     ],
 }
