@@ -1,24 +1,27 @@
-"""Pipeline parallelism for the validator: GPipe stages with `jax.shard_map` over the 'pp' mesh axis.
+"""Pipeline parallelism for the validator: GPipe stages with `jax.shard_map` over the 'pp' mesh axis, laid out as
+MaxText's pipeline (maxtext/layers/pipeline.py) runs them.
 
 The layers are split evenly over `pp` stages: stage s holds layers [s*L/pp, (s+1)*L/pp). Their parameters are
 stacked per stage (params["layers"][j][name] has a leading [pp] dimension, sharded over 'pp'; stage s's j-th
-layer is global layer s*L/pp + j); the embedding, final norm and output projection are replicated over 'pp'
-(stage 0 embeds, the last stage computes the loss).
+layer is global layer s*L/pp + j); the embedding tables and the final norm are replicated over 'pp', as in
+MaxText (their sharding rules do not name its `stage` axis).
 
-The step runs inside a shard_map that is manual over 'pp' only: the other axes (dp, fsdp, ep, cp, tp) stay
+The step runs inside a shard_map that is manual over 'pp' and 'dp': the other axes (fsdp, ep, cp, tp) stay
 automatic, so the layer code of planner.validate.model (with its sharding constraints, as bare PartitionSpecs
-on the shard_map's mesh) is reused unchanged. Schedule: GPipe over M micro-batches (M = the job's gradient
-accumulation, global batch / (micro_batch * dp * fsdp * ep)); at tick t stage s runs micro-batch t - s, so the
-unrolled loop has M + pp - 1 ticks, and after each tick but the last the stage's output moves to the next stage
-with `jax.lax.ppermute` (stage 0 receives zeros). The backward pass is jax's transpose of that loop: the
-reverse schedule, its ppermutes going back a stage. Ticks outside a stage's M valid ones compute on zeros or on
-other stages' bubble values that never reach the loss (SPMD runs every stage in lock step: the bubble costs its
-compute, as the cost model's (pp-1) micro-step bubble says).
+over the automatic axes) is reused unchanged. Every parameter turns varying over the manual axes once, at the
+top, so its gradient is reduced over dp (the tables' over dp x pp) once per step. Schedule: GPipe over M
+micro-batches (M = global batch / (micro_batch * dp * fsdp * ep), a multiple of pp); at tick t stage s runs
+micro-batch t - s, M + pp - 1 ticks (MaxText's iterations), and after each tick but the last the stage's output
+moves to the next stage with `jax.lax.ppermute`. The backward pass is jax's transpose of that loop. Ticks outside
+a stage's M valid ones compute on zeros or on bubble values that never reach the loss (SPMD runs every stage in
+lock step, as MaxText's iterations do: the bubble costs its compute and its collectives). The logits' batch is
+split over the stages too (MaxText's activation_embed_and_logits_batch: data, stage, fsdp): stage j computes the
+loss of micro-batches [j*M/pp, (j+1)*M/pp), which the last stage sends it.
 
-Known differences from the cost model (reported by compare.py): every stage holds (and Adam-updates) both
-embedding tables and computes the output projection on its outputs (only the last stage's reach the loss); the
-gradients of the pp-replicated parameters are all-reduced over 'pp'; GPipe keeps M micro-batches of activations
-per stage (1F1B keeps min(M, pp); equal for the default M = pp).
+Two forms of the tick loop: unrolled (the default; XLA's cost analysis counts every tick, so FLOPs and
+collectives are read off it) and one lax.scan (Setup.scan_pipeline, as MaxText iterates; planner.validate.compare
+reads the memory figure off it, because in the unrolled step XLA:CPU's scheduler defers every tick's
+weight-gradient products to the end of the backward pass and keeps their inputs).
 """
 
 from __future__ import annotations
