@@ -158,6 +158,11 @@ def main() -> None:
     out(f"after calibration:  Spearman {sa['spearman']:.3f}, median |error| {sa['median_error_pct']:.1f}%, "
         f"max {sa['max_error_pct']:.1f}%  (in-sample: {stats['rows']} plans)")
     out("fitted efficiency: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.eff.__dict__.items()))
+    # Leave one out: each plan predicted by a profile fitted on the others.
+    loo = [predicted_times([c], fit_efficiency(cases[:i] + cases[i + 1:], chip)[0])[0] for i, c in enumerate(cases)]
+    sl = summary(loo, meas)
+    out(f"leave-one-out:      Spearman {sl['spearman']:.3f}, median |error| {sl['median_error_pct']:.1f}%, "
+        f"max {sl['max_error_pct']:.1f}%  (each plan predicted by a fit on the other {len(cases) - 1})")
     out(f"# total wall time {time.time() - t0:.0f} s")
     if args.set == "cpu8" and args.d_model == 128 and args.seq_len == 128:
         out(NOTES.rstrip())

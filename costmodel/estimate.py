@@ -125,6 +125,7 @@ class StageTimes:
     layer_bwd: float
     fwd_flops: float  # model FLOPs of the forward pass on this chip
     recompute_flops: float
+    head: float = 0.0  # the logits' forward and backward within fwd and bwd (outside MaxText's pipeline bubble)
 
 
 def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
@@ -150,10 +151,18 @@ def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
         passes = 3.0 + (1.0 if re_ops else 0.0)
         elem += n * passes * tokens * elementwise_bytes_per_token(m, plan, moe) / (chip.hbm_bw_Bps * chip.eff.hbm)
     lg = logits_op(m, tokens, plan.tp)  # on the last stage; the bottleneck stage when pp > 1
-    t_lg = op_time(lg, chip, peak)
+    # MaxText computes the logits outside its pipeline with the batch split over the stages: M / pp micro-batches
+    # of them on every chip, i.e. 1 / pp per micro-step.
+    t_lg = op_time(lg, chip, peak) / head_stages(job, plan)
     layers = m.n_layers / plan.pp
     return StageTimes(fwd + t_lg, bwd + 2 * t_lg, rec, elem, attn, fwd / layers, bwd / layers,
-                      flops + lg.flops, rflops)
+                      flops + lg.flops, rflops, 3 * t_lg)
+
+
+def head_stages(job: Job, plan: Plan) -> int:
+    """Stages that share the logits (embedding and loss) of each micro-batch: all of them under MaxText's
+    pipeline (the batch is split over `stage` outside it), else the last stage alone."""
+    return plan.pp if plan.pp > 1 and job.framework == "maxtext" else 1
 
 
 # ---- communication ------------------------------------------------------------------------------------------
@@ -174,7 +183,7 @@ def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, 
         if count:
             fwd, bwd = layer_vector_flops(m, tokens, job.seq_len, plan.tp, sp, moe)
             total += count / plan.pp * ((1 + rerun) * fwd + bwd)
-    total += loss_vector_flops(m, tokens, plan.tp)
+    total += loss_vector_flops(m, tokens, plan.tp) / head_stages(job, plan)
     return accum * total + ADAM_OPS * mem.optimizer_param_elems
 
 
@@ -382,8 +391,10 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
             comm_exposed[c.axis] = comm_exposed.get(c.axis, 0.0) + c.exposed_s
     offload = sum((c.exposed_s for c in colls if c.axis == "host"), 0.0)
     per_micro = st.fwd + st.bwd + st.recompute + st.elementwise
-    # 1F1B bubble: (pp-1) micro-steps of fill and drain, shortened by the number of model chunks (vpp).
-    bubble = (plan.pp - 1) / plan.vpp * per_micro
+    # 1F1B bubble: (pp-1) micro-steps of fill and drain, shortened by the number of model chunks (vpp); MaxText's
+    # bubble iterations run the stage's layers, not the logits (computed outside its pipeline).
+    head = st.head if head_stages(job, plan) > 1 else 0.0
+    bubble = (plan.pp - 1) / plan.vpp * (per_micro - head)
     opt_bytes = mem.optimizer_param_elems * mem.adam_bytes_per_param
     optimizer = 0.0 if plan.offload_optimizer else opt_bytes / (chip.hbm_bw_Bps * chip.eff.hbm)
     time = {

@@ -142,13 +142,26 @@ def test_sequence_parallel_shards_layer_input():
 
 def test_pipeline_bubble_and_inflight():
     m = ModelSpec("m", n_layers=8, d_model=512, n_heads=8, ffn_dim=2048, vocab_size=1000)
-    job = Job(seq_len=256, global_batch=32)
+    job = Job(seq_len=256, global_batch=32, framework="megatron")
     c1 = estimate(m, H100, job, Plan(dp=2, pp=4, micro_batch=1))
     c2 = estimate(m, H100, job, Plan(dp=2, pp=4, vpp=2, micro_batch=1))
     assert c1.grad_accum == 16
     assert c2.time["bubble"] == pytest.approx(c1.time["bubble"] / 2, rel=1e-6)
     per_micro = (c1.time["compute"] + c1.time["recompute"] + c1.time["memory_bound"]) / 16
     assert c1.time["bubble"] == pytest.approx(3 * per_micro)
+    # MaxText: the logits run outside the pipeline, 1 / pp of them per micro-step on every stage, none in the
+    # bubble iterations.
+    from costmodel.estimate import op_time, stage_times
+    from costmodel.flops import logits_op
+
+    mt = replace(job, framework="maxtext")
+    plan = Plan(dp=2, pp=4, micro_batch=1)
+    st = stage_times(m, H100, mt, plan)
+    t_lg = op_time(logits_op(m, 256, 1), H100, H100.effective_peak_flops(mt.precision))
+    assert st.head == pytest.approx(3 * t_lg / 4)
+    c3 = estimate(m, H100, mt, plan)
+    per_micro = (c3.time["compute"] + c3.time["recompute"] + c3.time["memory_bound"]) / 16
+    assert c3.time["bubble"] == pytest.approx(3 * (per_micro - st.head))
 
 
 def test_ring_collective_time_by_hand():
