@@ -100,7 +100,9 @@ def test_xla_loop_extra_buffer_rule():
     assert xla_loop_extra_bytes(5.0, 3.0, only_layer_input=True, tp=1) == 5.0  # full remat: stack copied
     assert xla_loop_extra_bytes(5.0, 3.0, only_layer_input=False, tp=1) == 3.0  # the cheaper copy
     assert xla_loop_extra_bytes(2.0, 3.0, only_layer_input=False, tp=1) == 2.0
-    assert xla_loop_extra_bytes(5.0, 3.0, only_layer_input=True, tp=2) == 8.0  # plus a gradient stack under tp
+    # tp: one more buffer, again the cheaper of the stack and the gradient stack
+    assert xla_loop_extra_bytes(5.0, 3.0, only_layer_input=True, tp=2) == 8.0
+    assert xla_loop_extra_bytes(1.0, 3.0, only_layer_input=True, tp=2) == 2.0
     # In memory_terms: `minimal` on a tiny model, where the stack (by hand) is smaller than the layer gradients.
     m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
     job = Job(seq_len=128, global_batch=8)

@@ -61,7 +61,7 @@ class Config:
     id: str
     model: str
     topology: str
-    batch: int
+    batch: float  # per_device_batch_size (MaxText accepts fractions: global batch = batch * chips)
     seq: int
     remat: str = "full"
     fsdp: int = -1
@@ -111,6 +111,15 @@ CONFIGS: list[Config] = [
     Config("l3-70b_v5p128_b1_s8192_saveqkv", "llama3-70b", "v5p-128", 1, 8192, "save_qkv_proj"),
     Config("qwen3-8b_v6e16_b2_s4096_minimal", "qwen3-8b", "v6e-16", 2, 4096, "minimal"),
     Config("l2-7b_v5p32_b4_s2048_full_tp4", "llama2-7b", "v5p-32", 4, 2048, "full", tensor=4),
+    # the seven plans of benchmarks/validate_tpu.py, as MaxText runs them (one sequence per batch shard)
+    Config("l3-8b_v5p8_b1_s4096_full", "llama3-8b", "v5p-8", 1, 4096, "full"),
+    Config("l3-8b_v5p8_b1_s4096_minimal", "llama3-8b", "v5p-8", 1, 4096, "minimal"),
+    Config("l3-8b_v5p16_b0.5_s4096_full_tp2", "llama3-8b", "v5p-16", 0.5, 4096, "full", tensor=2),
+    Config("l3-8b_v6e8_b1_s8192_saveqkv", "llama3-8b", "v6e-8", 1, 8192, "save_qkv_proj"),
+    Config("l3-8b_v6e8_b0.5_s8192_full_cp2", "llama3-8b", "v6e-8", 0.5, 8192, "full", context=2),
+    Config("l2-70b_v5p64_b1_s4096_full", "llama2-70b", "v5p-64", 1, 4096, "full"),
+    Config("l2-70b_v6e64_b0.5_s4096_full_tp2", "llama2-70b", "v6e-64", 0.5, 4096, "full", tensor=2,
+           extra={"allow_split_physical_axes": "true"}),  # tp=2 on an 8x8 torus needs a split axis
     # pipeline parallelism (GPipe: one layer block of 16 per stage, no circular repeats)
     Config("l2-7b_v5p16_b2_s2048_full_pp2", "llama2-7b", "v5p-16", 2, 2048, "full",
            extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16}),
