@@ -156,9 +156,10 @@ def test_cpu_calibration_recovers_synthetic_step_times():
 
 
 def test_validate_pipeline_plan_compare(has_jax):
-    """pp=2 x dp=2: the compare path runs, XLA's collective-permute bytes equal the cost model's pp point-to-point
-    bytes (2 * M micro-batch activations; M = pp), and the FLOPs of the dots match once the GPipe bubble ticks and
-    the per-stage output projection are added (compare.pipeline_flops_adjustment)."""
+    """pp=2 x dp=2, laid out as MaxText's pipeline: XLA's collective-permute bytes equal the cost model's (a stage
+    shift per iteration but the last, and the last stage's outputs to the other stage's logits shard), the
+    gradients are reduced once per step (dp, and dp x pp for the tables), and the FLOPs match once the bubble
+    ticks' compute is added (compare.pipeline_flops_adjustment)."""
     r = subprocess.run([PLANNER, "validate", "--pp", "2", "--dp", "2", "--steps", "0", "--d-model", "64",
                         "--seq-len", "64", "--fast-compile", "--json"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
@@ -169,6 +170,9 @@ def test_validate_pipeline_plan_compare(has_jax):
     perm = by["collective_bytes:collective-permute"]
     assert perm["ok"] and perm["xla"] == perm["predicted"] > 0, perm
     assert by["matmul_flops"]["ok"] and by["state_bytes"]["ok"], (by["matmul_flops"], by["state_bytes"])
+    assert by["flops"]["ok"], by["flops"]
+    reduce = by["collective_bytes:all-reduce+reduce-scatter"]
+    assert abs(reduce["error_pct"]) < 1, reduce
     assert out["plans"][0]["xla_collectives_by_axis"]["collective-permute@pp"] == perm["xla"]
 
 
