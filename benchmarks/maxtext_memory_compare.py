@@ -29,7 +29,9 @@ HERE = ROOT / "benchmarks" / "maxtext_memory"
 # Configurations added to run.py after costmodel/memory.py's XLA loop-buffer rule was read off the others.
 HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptmlp",
            "mistral-7b_v6e8_b1_s8192_full_tp2", "l3-70b_v5p128_b1_s8192_saveqkv", "qwen3-8b_v6e16_b2_s4096_minimal",
-           "l2-7b_v5p32_b4_s2048_full_tp4")
+           "l2-7b_v5p32_b4_s2048_full_tp4",
+           # added after the tensor-parallel loop buffer was revised (2026-12-01)
+           "l3-8b_v5p16_b1_s4096_full_tp2", "l2-70b_v6e64_b1_s4096_full_tp2")
 # benchmarks/validate_tpu.py's seven plans as MaxText runs them (added 2026-12-01); the tensor-parallel loop
 # buffer of costmodel.memory.xla_loop_extra_bytes was revised after them (it had been read off one tp config).
 VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l3-8b_v5p16_b0.5_s4096_full_tp2",
