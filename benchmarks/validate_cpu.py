@@ -58,10 +58,11 @@ NOTES = """
 #    M + pp - 1 iterations' checkpoints kept, both tables on every stage, logits of M / pp micro-batches per chip,
 #    a stage shift per iteration but the last, layer collectives on every iteration (the bubble's too), no
 #    gradient-accumulation carry; FLOPs, state and collectives now match exactly.
-#  - memory -15 %: read off the step with the ticks as one lax.scan (MaxText's form; the unrolled step's XLA:CPU
-#    schedule defers every tick's weight-gradient products to the end, -29 %). The scanned step holds its
-#    per-tick input and output stacks and their gradients (4 x 3 ticks x 64 KB) and copies of the loop-carried
-#    gradients; the cost model counts the checkpoints only.
+#  - memory -12 %: read off the step with the ticks as one lax.scan (MaxText's form, one [M, ...] input/output
+#    buffer like MaxText's state_io; the unrolled step's XLA:CPU schedule defers every tick's weight-gradient
+#    products to the end, -29 %). The scanned step holds that buffer (every stage holds all M, where MaxText's
+#    state_io is split over the stages), its gradient and copies of the loop-carried gradients; the cost model
+#    counts the checkpoints only.
 # What is left:
 #  - cp4-dp2-full memory +17 %: 32 tokens per device, so one gathered fp32 layer and its unreduced gradient are
 #    60 % of the predicted temp; the cost model sums the phase maxima (gathered layer + logits + working set),
@@ -73,7 +74,7 @@ NOTES = """
 #    cost_analysis counts (flops check) but the dot count misses; selective plans are 2-4 % over because XLA
 #    does not rerun their flash forward.
 #  - dp8-full temp +17 % with memory +6 %: the gradients and state dominate.
-#  - pp2-dp4-full memory -15 % (above).
+#  - pp2-dp4-full memory -12 % (above).
 # cpu-host profile: costmodel.calibrate.BOUNDS (matmul_peak >= 0.3, hbm >= 0.2) cannot express a host CPU, so the
 # validator fits with wider CPU bounds.
 """

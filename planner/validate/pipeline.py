@@ -144,21 +144,23 @@ def scanned_ticks(cfg: Setup, sh: Sharder, f, layers, table, tokens, stage) -> l
     S, M = cfg.plan.pp, micro_steps(cfg)
     fwd_pairs = [(i, i + 1) for i in range(S - 1)]
 
-    # The micro-batches are embedded before the loop (MaxText embeds outside its pipeline module), one per tick
-    # for the first M ticks.
-    x0s = sh(jnp.take(table, tokens, axis=0), None, BATCH, sh.seq, None)
-    x0s = jnp.concatenate([x0s, jnp.zeros((S - 1, *x0s.shape[1:]), x0s.dtype)])
+    # The micro-batches are embedded before the loop (MaxText embeds outside its pipeline module); like MaxText's
+    # state_io, one [M, ...] buffer holds the inputs and takes the last stage's outputs as they come.
+    io = sh(jnp.take(table, tokens, axis=0), None, BATCH, sh.seq, None)
 
-    def tick(state, xs):
-        t, x0 = xs
+    def tick(carry, t):
+        state, io = carry
+        x0 = jax.lax.dynamic_index_in_dim(io, jnp.minimum(t, M - 1), 0, False)
         state = sh.resid(jnp.where((stage == 0) & (t < M), x0, state))
         for lp in layers:
             state = f(lp, state)
-        return sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs)), state
+        k = jnp.maximum(t - (S - 1), 0)  # the micro-batch leaving the last stage (from tick S - 1 on)
+        out = jnp.where(t >= S - 1, state, jax.lax.dynamic_index_in_dim(io, k, 0, False))
+        io = jax.lax.dynamic_update_index_in_dim(io, out, k, 0)
+        return (sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs)), io), None
 
-    init = jnp.zeros_like(x0s[0])
-    _, ys = jax.lax.scan(tick, init, (jnp.arange(M + S - 1), x0s))
-    return [ys[S - 1 + k] for k in range(M)]
+    (_, io), _ = jax.lax.scan(tick, (jnp.zeros_like(io[0]), io), jnp.arange(M + S - 1))
+    return [io[k] for k in range(M)]
 
 
 def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
