@@ -243,3 +243,11 @@ def test_compile_failure_and_timeout_are_reported_per_plan(has_jax):
     qs = {(c["plan"], c["quantity"]) for c in out["checks"]}
     assert ("fsdp4-dp2-full", "state_bytes") in qs
     assert {("tp4-sp-dp2-selective", "compile"), ("cp2-fsdp4-none", "compile")} <= qs
+
+
+def test_validate_pipeline_micro_batches_must_divide_over_stages():
+    """The logits' batch is split over the stages (MaxText's layout): M must be a multiple of pp."""
+    from planner.validate.scale import Scale
+
+    with pytest.raises(InputError, match=r"--grad-accum: 3 micro-batches; .*multiple of pp=2.*--grad-accum 4"):
+        scale_down(load_model("llama3-8b"), Plan(pp=2, dp=2), Scale(micro_steps=3))

@@ -107,11 +107,11 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         raise InputError(f"pp={plan.pp}: the scaled model's {s.n_layers} layers do not split evenly over "
                          f"{plan.pp} stages; use --layers {-(-s.n_layers // plan.pp) * plan.pp} (a multiple of pp)")
     if s.micro_steps > 1 and plan.pp == 1:
-        raise InputError(f"micro-steps={s.micro_steps}: the validator accumulates gradients over micro-batches "
-                         "only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
+        raise InputError(f"--grad-accum: {s.micro_steps} micro-batches; the validator accumulates gradients over "
+                         "micro-batches only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
     accum = (s.micro_steps or plan.pp) if plan.pp > 1 else 1
     if accum % plan.pp:  # the logits' batch is split over the stages, as in MaxText (planner.validate.pipeline)
-        raise InputError(f"micro-steps={accum}: pipeline plans need a multiple of pp={plan.pp} micro-batches; "
+        raise InputError(f"--grad-accum: {accum} micro-batches; pipeline plans need a multiple of pp={plan.pp}; "
                          f"use --grad-accum {-(-accum // plan.pp) * plan.pp}")
     job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch * accum, precision="bf16",
               framework="maxtext", scan_layers=False)  # the validator unrolls its layers
