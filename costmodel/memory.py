@@ -214,10 +214,12 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
     coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
     if weight_shards > 1 and plan.pp > 1 and job.framework == "maxtext":
-        # MaxText's pipeline: the whole stage's bf16 weights stay gathered through the iteration loop and its bf16
-        # gradient is reduced after it (XLA hoists the loop-invariant gathers): llama2-7b, v5p-16, fsdp 4 x pp 2
-        # held 12.0 GB of temporaries beyond the other terms, for 13.0 GB of stage weights + gradients
-        # (benchmarks/maxtext_memory, l2-7b_v5p16_b2_s2048_full_pp2; one compile, the only pp one so far).
+        # MaxText's pipeline runs a stage's layers unscanned in each iteration: XLA gathers them all at the top of
+        # the iteration body (the loop bodies hold the fsdp all-gathers, so they repeat every iteration) and keeps
+        # the whole stage's bf16 weights and bf16 gradients live: llama2-7b, v5p-16, fsdp 4 x pp 2 held 12.0 GB
+        # of temporaries beyond the other terms, for 13.0 GB of stage weights + gradients (buffer assignment:
+        # bf16[1,4096,11008] per gathered MLP matrix, one per layer; benchmarks/maxtext_memory,
+        # l2-7b_v5p16_b2_s2048_full_pp2; the only pp compile so far).
         coll = (BF16 + BF16) * layer_w * layers_stage
 
     if plan.pp > 1 and job.framework == "maxtext":
