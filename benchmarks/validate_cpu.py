@@ -75,6 +75,10 @@ NOTES = """
 #    does not rerun their flash forward.
 #  - dp8-full temp +17 % with memory +6 %: the gradients and state dominate.
 #  - pp2-dp4-full memory -12 % (above).
+#  - pp2-fsdp2-dp2-full all-gather +40 %, all-reduce+reduce-scatter +10 %: the cost model counts the fsdp
+#    collectives on each of the M + pp - 1 pipeline iterations, as MaxText's TPU step runs them (its loop bodies
+#    hold the gathers: benchmarks/maxtext_memory/NOTES.md); XLA:CPU hoists them out of the validator's tick loop
+#    (unrolled or scanned alike).
 # cpu-host profile: costmodel.calibrate.BOUNDS (matmul_peak >= 0.3, hbm >= 0.2) cannot express a host CPU, so the
 # validator fits with wider CPU bounds.
 """
