@@ -31,7 +31,10 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            "mistral-7b_v6e8_b1_s8192_full_tp2", "l3-70b_v5p128_b1_s8192_saveqkv", "qwen3-8b_v6e16_b2_s4096_minimal",
            "l2-7b_v5p32_b4_s2048_full_tp4",
            # added after the tensor-parallel loop buffer was revised (2026-12-01)
-           "l3-8b_v5p16_b1_s4096_full_tp2", "l2-70b_v6e64_b1_s4096_full_tp2")
+           "l3-8b_v5p16_b1_s4096_full_tp2", "l2-70b_v6e64_b1_s4096_full_tp2",
+           # pipeline shapes compiled after the pp rules were read off l2-7b_v5p16_b2_s2048_full_pp2
+           "l2-7b_v5p16_b2_s2048_full_pp2_dp4", "l2-7b_v5p16_b1_s2048_full_pp4", "l2-7b_v5p16_b2_s2048_full_pp2_m4",
+           "l2-7b_v5p16_b2_s2048_full_pp2_circ2", "l3-8b_v6e8_b1_s4096_full_pp2")
 # benchmarks/validate_tpu.py's seven plans as MaxText runs them (added 2026-12-01); the tensor-parallel loop
 # buffer of costmodel.memory.xla_loop_extra_bytes was revised after them (it had been read off one tp config).
 VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l3-8b_v5p16_b0.5_s4096_full_tp2",
@@ -87,8 +90,9 @@ def compare() -> list[dict]:
         n_micro = int(extra.get("num_pipeline_microbatches", pp)) if pp > 1 else 1
         m = models.get(r["model_name"])
         vpp = m.n_layers // (pp * int(extra.get("num_layers_per_pipeline_stage", 1))) if pp > 1 and m else 1
-        plan = Plan(fsdp=chips // (tp * cp * pp), tp=tp, cp=cp, pp=pp, vpp=vpp,
-                    micro_batch=round(b * tp * cp * pp / (ga * n_micro)), zero=3,
+        dp = int(extra.get("ici_data_parallelism", 1))  # replicated weights, optimizer state not sharded over it
+        plan = Plan(dp=dp, fsdp=chips // (tp * cp * pp * dp), tp=tp, cp=cp, pp=pp, vpp=vpp,
+                    micro_batch=round(b * tp * cp * pp / (ga * n_micro)), zero=3 if dp == 1 else 0,
                     remat=remat_of(r["remat_policy"], extra))
         job = Job(seq_len=int(r["max_target_length"]), global_batch=round(b * chips), framework="maxtext",
                   weight_dtype=extra.get("weight_dtype", "float32"), scan_layers=pp == 1)

@@ -127,6 +127,18 @@ CONFIGS: list[Config] = [
     # pipeline parallelism (GPipe: one layer block of 16 per stage, no circular repeats)
     Config("l2-7b_v5p16_b2_s2048_full_pp2", "llama2-7b", "v5p-16", 2, 2048, "full",
            extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16}),
+    # more pipeline shapes, compiled after the pp rules were read off the row above (holdout)
+    Config("l2-7b_v5p16_b2_s2048_full_pp2_dp4", "llama2-7b", "v5p-16", 2, 2048, "full", fsdp=1,
+           extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16, "ici_data_parallelism": 4}),
+    Config("l2-7b_v5p16_b1_s2048_full_pp4", "llama2-7b", "v5p-16", 1, 2048, "full",
+           extra={"ici_pipeline_parallelism": 4, "num_layers_per_pipeline_stage": 8}),
+    Config("l2-7b_v5p16_b2_s2048_full_pp2_m4", "llama2-7b", "v5p-16", 2, 2048, "full",
+           extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16,
+                  "num_pipeline_microbatches": 4}),
+    Config("l2-7b_v5p16_b2_s2048_full_pp2_circ2", "llama2-7b", "v5p-16", 2, 2048, "full",
+           extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 8}),
+    Config("l3-8b_v6e8_b1_s4096_full_pp2", "llama3-8b", "v6e-8", 1, 4096, "full",
+           extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16}),
 ]
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
