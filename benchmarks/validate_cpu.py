@@ -58,23 +58,22 @@ NOTES = """
 #    M + pp - 1 iterations' checkpoints kept, both tables on every stage, logits of M / pp micro-batches per chip,
 #    a stage shift per iteration but the last, layer collectives on every iteration (the bubble's too), no
 #    gradient-accumulation carry; FLOPs, state and collectives now match exactly.
-#  - memory -12 %: read off the step with the ticks as one lax.scan (MaxText's form, one [M, ...] input/output
-#    buffer like MaxText's state_io; the unrolled step's XLA:CPU schedule defers every tick's weight-gradient
-#    products to the end, -29 %). The scanned step holds that buffer (every stage holds all M, where MaxText's
-#    state_io is split over the stages), its gradient and copies of the loop-carried gradients; the cost model
-#    counts the checkpoints only.
+#  - memory: read off the step with the ticks as one lax.scan (MaxText's form, one [M, ...] input/output buffer
+#    like MaxText's state_io; the unrolled step's XLA:CPU schedule defers every tick's weight-gradient products to
+#    the end, -29 %). Like MaxText's compiled pipeline, the scanned loop carries the stage's gradients
+#    (costmodel.memory.maxtext_stage_buffers, read off MaxText's layer sweeps): -1.7 % to +7.0 % on the pp plans
+#    (-12 % before that term).
 # What is left:
 #  - cp4-dp2-full memory +17 %: 32 tokens per device, so one gathered fp32 layer and its unreduced gradient are
 #    60 % of the predicted temp; the cost model sums the phase maxima (gathered layer + logits + working set),
 #    while XLA:CPU peaks in the loss phase without the layer buffers. Kept: on the TPU compiles of MaxText the
 #    sum is what XLA holds.
 #  - moe-ep2-fsdp2-tp2-none collective-permute (144 KB, 2 % of its traffic): GSPMD reorders devices between the
-#    MoE dispatch shardings; not a collective of the plan.
+#    MoE dispatch shardings (the embedding rows' all-to-all lands in (dp, ep, fsdp) batch order); not counted.
 #  - matmul_flops (informational): XLA:CPU rewrites some flash block products as multiply-reduce fusions, which
 #    cost_analysis counts (flops check) but the dot count misses; selective plans are 2-4 % over because XLA
 #    does not rerun their flash forward.
-#  - dp8-full temp +17 % with memory +6 %: the gradients and state dominate.
-#  - pp2-dp4-full memory -12 % (above).
+#  - dp8-full temp +17 % with memory +6 %, pp2 temp +11-13 % with memory +5-7 %: the state dominates memory.
 #  - pp2-fsdp2-dp2-full all-gather +40 %, all-reduce+reduce-scatter +10 %: the cost model counts the fsdp
 #    collectives on each of the M + pp - 1 pipeline iterations, as MaxText's TPU step runs them (its loop bodies
 #    hold the gathers: benchmarks/maxtext_memory/NOTES.md); XLA:CPU hoists them out of the validator's tick loop

@@ -86,6 +86,24 @@ def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer
     return extra + (min(stack_bytes, layer_grad_bytes) if tp > 1 else 0.0)
 
 
+def maxtext_stage_buffers(stage_params: float, stage_grad_elems: float, weight_shards: int, dp_reduced: bool) -> float:
+    """Bytes MaxText's pipeline keeps live beside the usual terms (stage_params: the stage's layer weights on this
+    chip before weight sharding; stage_grad_elems: their gradient elements this chip stores).
+
+    MaxText runs a stage's layers unscanned in every pipeline iteration and differentiates the iteration loop as
+    a whole; read off its compiled step (benchmarks/maxtext_memory/NOTES.md, "Pipeline parallelism"; llama2-7b on
+    v5p-16, pp 2, 16 and 32 layers): the whole stage's bf16 gradients stay live through the loop; under weight
+    sharding, its gathered bf16 weights too (the fsdp gathers sit inside the loop bodies; fsdp 4: 6.1 B per
+    stage parameter per chip in all, as counted); and when the gradient is reduced over dp, the loop carries an
+    unreduced fp32 accumulator beside the reduced gradient (dp 4, no fsdp: 12.9 B per stage parameter in all)."""
+    out = BF16 * stage_params  # bf16 gradients of the whole stage
+    if weight_shards > 1:
+        out += BF16 * stage_params  # gathered bf16 weights of the whole stage
+    if dp_reduced:
+        out += 4.0 * stage_grad_elems  # fp32 accumulator of the unreduced dp gradient
+    return out
+
+
 @dataclass(frozen=True)
 class MemoryTerms:
     convention: str
@@ -213,14 +231,9 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
     # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
     coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
-    if weight_shards > 1 and plan.pp > 1 and job.framework == "maxtext":
-        # MaxText's pipeline runs a stage's layers unscanned in each iteration: XLA gathers them all at the top of
-        # the iteration body (the loop bodies hold the fsdp all-gathers, so they repeat every iteration) and keeps
-        # the whole stage's bf16 weights and bf16 gradients live: llama2-7b, v5p-16, fsdp 4 x pp 2 held 12.0 GB
-        # of temporaries beyond the other terms, for 13.0 GB of stage weights + gradients (buffer assignment:
-        # bf16[1,4096,11008] per gathered MLP matrix, one per layer; benchmarks/maxtext_memory,
-        # l2-7b_v5p16_b2_s2048_full_pp2; the only pp compile so far).
-        coll = (BF16 + BF16) * layer_w * layers_stage
+    if plan.pp > 1 and job.framework == "maxtext":
+        coll = maxtext_stage_buffers(layer_w * layers_stage, grad_params * body / (body + emb), weight_shards,
+                                     plan.dp > 1 and plan.zero < 3)
 
     if plan.pp > 1 and job.framework == "maxtext":
         # Every stage runs the same program; the logits' batch is split over the stages too

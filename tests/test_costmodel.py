@@ -407,6 +407,9 @@ def test_maxtext_pipeline_memory_and_collectives_by_hand():
     # scanned-layer loop extra (a stage's layers are unscanned); logits of M / pp = 2 micro-batches (bf16 + grad)
     assert b["activations"] == pytest.approx(1 * 5 * (16 / 2) * 64 * 2)
     assert b["logits"] == pytest.approx(2 * 16 * 100 / 2 * 4)
+    # the stage's bf16 gradients stay live through the iteration loop, and the unreduced dp gradient is carried
+    # as an fp32 accumulator beside the reduced one (no weight sharding: no gathered copy)
+    assert b["collective_buffers"] == pytest.approx(2 * layer + 4 * layer)
     by = {(x.axis, x.kind, x.purpose): x for x in cost.collectives}
     # stage shifts every iteration but the last (4 forward, 4 backward), plus the last stage's outputs to the
     # other stage's logits shard: (pp - 1) shifts of M / pp micro-batches each way
@@ -421,7 +424,7 @@ def test_maxtext_pipeline_memory_and_collectives_by_hand():
     # tp collectives run on every iteration, the bubble's too: 1 layer x (M + pp - 1) x (fwd + bwd + rerun)
     assert by["tp", "all-reduce", "activations"].count == 5 * 3
     assert by["tp", "all-reduce", "embedding/logits"].count == 2 * 4 / 2  # both on every stage, M / pp each
-    # fsdp under the pipeline: the whole stage stays gathered (bf16 weights + bf16 gradient)
+    # fsdp under the pipeline: the whole stage stays gathered (bf16 weights + bf16 gradient); no dp, no accumulator
     fplan = Plan(fsdp=2, tp=2, pp=2, micro_batch=1, remat=REMAT_POLICIES["full"])
     big = replace(TINY, n_layers=4)
     fmem = memory_terms(big, V5P, job, fplan, accum=4)
