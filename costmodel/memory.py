@@ -86,7 +86,8 @@ def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer
     return extra + (min(stack_bytes, layer_grad_bytes) if tp > 1 else 0.0)
 
 
-def maxtext_stage_buffers(stage_params: float, stage_grad_elems: float, weight_shards: int, dp_reduced: bool) -> float:
+def maxtext_stage_buffers(stage_params: float, stage_grad_elems: float, weight_shards: int, dp_reduced: bool,
+                          vpp: int = 1) -> float:
     """Bytes MaxText's pipeline keeps live beside the usual terms (stage_params: the stage's layer weights on this
     chip before weight sharding; stage_grad_elems: their gradient elements this chip stores).
 
@@ -95,10 +96,12 @@ def maxtext_stage_buffers(stage_params: float, stage_grad_elems: float, weight_s
     v5p-16, pp 2, 16 and 32 layers): the whole stage's bf16 gradients stay live through the loop; under weight
     sharding, its gathered bf16 weights too (the fsdp gathers sit inside the loop bodies; fsdp 4: 6.1 B per
     stage parameter per chip in all, as counted); and when the gradient is reduced over dp, the loop carries an
-    unreduced fp32 accumulator beside the reduced gradient (dp 4, no fsdp: 12.9 B per stage parameter in all)."""
+    unreduced fp32 accumulator beside the reduced gradient (dp 4, no fsdp: 12.9 B per stage parameter in all). A
+    circular pipeline (vpp repeats) runs one chunk of L / (pp * vpp) layers per iteration: that chunk's weights
+    are gathered, all chunks' gradients stay live (2 repeats: -1.6 %, where gathering the whole stage gave +9.8 %)."""
     out = BF16 * stage_params  # bf16 gradients of the whole stage
     if weight_shards > 1:
-        out += BF16 * stage_params  # gathered bf16 weights of the whole stage
+        out += BF16 * stage_params / vpp  # gathered bf16 weights of one iteration's chunk of layers
     if dp_reduced:
         out += 4.0 * stage_grad_elems  # fp32 accumulator of the unreduced dp gradient
     return out
@@ -233,7 +236,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
     if plan.pp > 1 and job.framework == "maxtext":
         coll = maxtext_stage_buffers(layer_w * layers_stage, grad_params * body / (body + emb), weight_shards,
-                                     plan.dp > 1 and plan.zero < 3)
+                                     plan.dp > 1 and plan.zero < 3, plan.vpp)
 
     if plan.pp > 1 and job.framework == "maxtext":
         # Every stage runs the same program; the logits' batch is split over the stages too

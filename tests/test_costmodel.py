@@ -429,6 +429,11 @@ def test_maxtext_pipeline_memory_and_collectives_by_hand():
     big = replace(TINY, n_layers=4)
     fmem = memory_terms(big, V5P, job, fplan, accum=4)
     assert fmem.breakdown["collective_buffers"] == pytest.approx((2 + 2) * fmem.layer_weight_elems * 2)
+    # the rule itself: bf16 stage gradients + one iteration's gathered chunk (circular: 1 / vpp of the stage)
+    from costmodel.memory import maxtext_stage_buffers
+
+    assert maxtext_stage_buffers(100.0, 25.0, weight_shards=4, dp_reduced=False, vpp=2) == 2 * 100 + 2 * 100 / 2
+    assert maxtext_stage_buffers(100.0, 100.0, weight_shards=1, dp_reduced=True) == 2 * 100 + 4 * 100
     # Megatron keeps its 1F1B accounting: min(M, pp) micro-batches in flight, one table per end stage
     mega = memory_terms(TINY, V5P, replace(job, framework="megatron"), plan, accum=4)
     assert mega.param_elems == pytest.approx(layer + 100 * 64 / 2)
