@@ -429,6 +429,10 @@ def test_maxtext_pipeline_memory_and_collectives_by_hand():
     big = replace(TINY, n_layers=4)
     fmem = memory_terms(big, V5P, job, fplan, accum=4)
     assert fmem.breakdown["collective_buffers"] == pytest.approx((2 + 2) * fmem.layer_weight_elems * 2)
+    # ... gathered on every iteration (M + pp - 1 = 5, forward and backward), reduced once after the loop
+    fby = {(x.kind, x.purpose): x for x in estimate(big, V5P, job, fplan, 8).collectives if x.axis == "fsdp"}
+    assert fby["all-gather", "weights fwd+bwd"].count == 2 * 2 * 5  # 2 layers per stage
+    assert fby["reduce-scatter", "grads"].count == 2
     # the rule itself: bf16 stage gradients + one iteration's gathered chunk (circular: 1 / vpp of the stage)
     from costmodel.memory import maxtext_stage_buffers
 
