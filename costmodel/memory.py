@@ -79,9 +79,9 @@ def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer
     stack (XLA copies whichever is cheaper). With tensor parallelism one more such buffer, again the smaller of
     the two: on 7B tp2 (batch 8 x 4096) it was the fp32 gradient stack; on llama3-8b and llama2-70b tp2 with one
     sequence per replica (the validator's TPU plans, 2026-12-01) the checkpoint stack, far smaller (counting the
-    gradient stack there over-predicted by 20 % and 16 %). Over nine tp compiles XLA kept this buffer at 16k-32k
-    tokens per model replica and not at 4k-8k; it is counted always (over-predicting the small ones by up to 11 %,
-    the safe side for "does it fit")."""
+    gradient stack there over-predicted by 20 % and 16 %). Over ten tp compiles XLA kept this buffer on five and
+    not on the others (not decided by tokens per replica alone); it is counted always (over-predicting those by
+    up to 11 %, the safe side for "does it fit")."""
     extra = stack_bytes if only_layer_input else min(stack_bytes, layer_grad_bytes)
     return extra + (min(stack_bytes, layer_grad_bytes) if tp > 1 else 0.0)
 

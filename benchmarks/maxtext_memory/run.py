@@ -122,6 +122,7 @@ CONFIGS: list[Config] = [
            extra={"allow_split_physical_axes": "true"}),  # tp=2 on an 8x8 torus needs a split axis
     # the tp plans above with two sequences per replica (the loop's tp buffer and the micro-batch)
     Config("l3-8b_v5p16_b1_s4096_full_tp2", "llama3-8b", "v5p-16", 1, 4096, "full", tensor=2),
+    Config("l3-8b_v5p16_b2_s4096_full_tp2", "llama3-8b", "v5p-16", 2, 4096, "full", tensor=2),
     Config("l2-70b_v6e64_b1_s4096_full_tp2", "llama2-70b", "v6e-64", 1, 4096, "full", tensor=2,
            extra={"allow_split_physical_axes": "true"}),
     # pipeline parallelism (GPipe: one layer block of 16 per stage, no circular repeats)
