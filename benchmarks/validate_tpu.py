@@ -75,7 +75,7 @@ Buffers, from the buffer assignment (XLA_FLAGS=--xla_dump_to=DIR, *memory-usage-
       context parallelism 2 (full remat): XLA holds 0.33 GB beyond base where 1.07 GB are counted (+3.2%).
   Left: llama3-8b minimal against the validator's step (+7.0%), llama2-70b tp2 (+8.4%; +10.4% against MaxText:
   with one sequence per replica XLA keeps no second stack under tp); against MaxText, llama3-8b fsdp4 full and tp2
-  (+5.5% each). On MaxText's other compiles the rules give 22 of 23 fitted configurations and 5 of 10 holdout
+  (+5.5% each). On MaxText's other compiles the rules give 22 of 23 fitted configurations and 5 of 11 holdout
   ones within 5% (benchmarks/maxtext_memory_report.txt).
 Collectives: all-gather bytes within 8% on every plan (weights forward and backward; under tp the norm outputs
 gathered before the column-split matmuls and again in the backward pass); the embedding rows' all-to-all exact.
