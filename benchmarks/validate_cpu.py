@@ -74,7 +74,7 @@ NOTES = """
 #    cost_analysis counts (flops check) but the dot count misses; selective plans are 2-4 % over because XLA
 #    does not rerun their flash forward.
 #  - dp8-full temp +17 % with memory +6 %, pp2 temp +11-13 % with memory +5-7 %: the state dominates memory.
-#  - pp2-fsdp2-dp2-full all-gather +40 %, all-reduce+reduce-scatter -35 %: the cost model counts what MaxText's
+#  - pp2-fsdp2-dp2-full all-gather +31 %, all-reduce+reduce-scatter -45 %: the cost model counts what MaxText's
 #    TPU step does (benchmarks/maxtext_memory/NOTES.md): fsdp gathers on each of the M + pp - 1 iterations (its
 #    loop bodies hold them) and one reduce-scatter of the stage's gradients after the loop; XLA:CPU hoists the
 #    validator's gathers out of the tick loop (unrolled or scanned alike) and reduces per micro-batch.

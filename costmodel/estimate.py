@@ -273,10 +273,12 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         table = m.vocab_size * m.d_model / plan.tp
         t_eag = group_time(wlinks, "all-gather", table * BF16, chip, flat)
         t_ers = group_time(wlinks, "reduce-scatter", table * mem.grad_reduce_bytes, chip, flat)
-        out.append(_coll("fsdp", "all-gather", "output table", micro_steps, table * BF16, t_eag,
-                         micro_steps * t_eag, lvl))
-        out.append(_coll("fsdp", "reduce-scatter", "output table grads", micro_steps, table * mem.grad_reduce_bytes,
-                         t_ers, micro_steps * t_ers, lvl))
+        # MaxText with pp computes the logits once per step, outside its pipeline, for the chip's M / pp
+        # micro-batches: one gather and one reduce-scatter of the table.
+        n_head = 1 if plan.pp > 1 and job.framework == "maxtext" else micro_steps
+        out.append(_coll("fsdp", "all-gather", "output table", n_head, table * BF16, t_eag, n_head * t_eag, lvl))
+        out.append(_coll("fsdp", "reduce-scatter", "output table grads", n_head, table * mem.grad_reduce_bytes,
+                         t_ers, n_head * t_ers, lvl))
         if job.framework == "maxtext":
             # The input embedding lookup runs on the d-sharded table (GSPMD partitions the gather along the table's
             # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all per

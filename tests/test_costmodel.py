@@ -433,6 +433,7 @@ def test_maxtext_pipeline_memory_and_collectives_by_hand():
     fby = {(x.kind, x.purpose): x for x in estimate(big, V5P, job, fplan, 8).collectives if x.axis == "fsdp"}
     assert fby["all-gather", "weights fwd+bwd"].count == 2 * 2 * 5  # 2 layers per stage
     assert fby["reduce-scatter", "grads"].count == 2
+    assert fby["all-gather", "output table"].count == 1  # the logits run once per step, outside the pipeline
     # the rule itself: bf16 stage gradients + one iteration's gathered chunk (circular: 1 / vpp of the stage)
     from costmodel.memory import maxtext_stage_buffers
 
