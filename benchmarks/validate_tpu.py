@@ -118,14 +118,13 @@ def _row_of(x: dict) -> dict:
 def current_prediction_gb(name: str) -> float:
     """costmodel.estimate's per-chip GB for a plan of PLANS, as planner.validate.tpu costs it."""
     from costmodel.estimate import estimate
-    from costmodel.job import Job
     from hardware.catalog import load_hardware
-    from planner.validate.tpu import parse_target
+    from planner.validate.tpu import parse_target, tpu_job
 
     _, model, target, seq, plan = next(p for p in PLANS if p[0] == name)
     t = parse_target(target)
-    job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch, framework="maxtext")
-    return estimate(load_model(model), load_hardware(t.hardware), job, plan, t.chips).peak_memory_bytes / GB
+    cost = estimate(load_model(model), load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
+    return cost.peak_memory_bytes / GB
 
 
 # The same plans as MaxText runs them (benchmarks/maxtext_memory/run.py; one sequence per batch shard).

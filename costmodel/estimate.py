@@ -23,7 +23,7 @@ from costmodel.flops import (
     model_flops_per_token,
 )
 from costmodel.job import Job
-from costmodel.memory import MemoryTerms, memory_terms, weight_shard_degrees
+from costmodel.memory import MemoryTerms, maxtext_pipeline, memory_terms, weight_shard_degrees
 from costmodel.model import ModelSpec
 from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan
 from hardware.chip import Chip
@@ -162,7 +162,7 @@ def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
 def head_stages(job: Job, plan: Plan) -> int:
     """Stages that share the logits (embedding and loss) of each micro-batch: all of them under MaxText's
     pipeline (the batch is split over `stage` outside it), else the last stage alone."""
-    return plan.pp if plan.pp > 1 and job.framework == "maxtext" else 1
+    return plan.pp if maxtext_pipeline(job, plan) else 1
 
 
 # ---- communication ------------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     micro_steps = accum
     # Layer passes per stage, in micro-batches: MaxText's pipeline iterations run every stage through the bubble
     # too (M * vpp + pp - 1 iterations of L / (pp * vpp) layers), each with its layers' collectives.
-    layer_steps = micro_steps + ((plan.pp - 1) / plan.vpp if plan.pp > 1 and job.framework == "maxtext" else 0)
+    layer_steps = micro_steps + ((plan.pp - 1) / plan.vpp if maxtext_pipeline(job, plan) else 0)
 
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under SP: same ring traffic) of the
     # activations per layer forward (attention and MLP outputs), 2 backward (their inputs' gradients), and again
@@ -228,7 +228,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         # (the final norm output); one each per micro-step, on the first and the last stage. Not hidden: they
         # open the forward and the backward pass. Seen in the validator's HLO (tp plans: 2 per step).
         # MaxText with pp: both on every stage, for its M / pp micro-batches (the batch is split over the stages).
-        if plan.pp > 1 and job.framework == "maxtext":
+        if maxtext_pipeline(job, plan):
             n_vocab = 2 * micro_steps / plan.pp
         else:
             n_vocab = (2 if plan.pp == 1 else 1) * micro_steps
@@ -259,7 +259,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         n = layers * layer_steps
         lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
         out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
-        if plan.pp > 1 and job.framework == "maxtext":
+        if maxtext_pipeline(job, plan):
             # MaxText's pipeline keeps the stage's unreduced bf16 gradients through its iteration loop and
             # reduce-scatters them once after it (one fused all-reduce-scatter in the compiled step's entry
             # computation, none in the loop bodies; l2-7b pp2 x fsdp4 on v5p-16), with nothing left to hide behind.
@@ -275,7 +275,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         t_ers = group_time(wlinks, "reduce-scatter", table * mem.grad_reduce_bytes, chip, flat)
         # MaxText with pp computes the logits once per step, outside its pipeline, for the chip's M / pp
         # micro-batches: one gather and one reduce-scatter of the table.
-        n_head = 1 if plan.pp > 1 and job.framework == "maxtext" else micro_steps
+        n_head = 1 if maxtext_pipeline(job, plan) else micro_steps
         out.append(_coll("fsdp", "all-gather", "output table", n_head, table * BF16, t_eag, n_head * t_eag, lvl))
         out.append(_coll("fsdp", "reduce-scatter", "output table grads", n_head, table * mem.grad_reduce_bytes,
                          t_ers, n_head * t_ers, lvl))
@@ -298,7 +298,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     # MaxText with pp: the embedding tables sit on every stage and see every stage's share of the batch, so their
     # gradients are reduced over dp x pp in one collective (the stage weights' over dp alone).
     pp_tables = 0.0
-    if plan.pp > 1 and job.framework == "maxtext":
+    if maxtext_pipeline(job, plan):
         pp_tables = m.embedding_params() / plan.tp / math.prod(weight_shard_degrees(job, plan).values())
     shared = mem.non_expert_param_elems - pp_tables if moe_ep else 0.0
     if plan.dp > 1 and plan.zero < 3:

@@ -125,6 +125,23 @@ class MemoryTerms:
     breakdown: dict[str, float] = field(default_factory=dict)
 
 
+def maxtext_pipeline(job: Job, plan: Plan) -> bool:
+    """A MaxText pipeline (maxtext/layers/pipeline.py): every stage runs the same program, M * vpp + pp - 1
+    iterations, with the embedding and the logits outside it."""
+    return plan.pp > 1 and job.framework == "maxtext"
+
+
+def pipeline_inflight(job: Job, plan: Plan, accum: int) -> float:
+    """Micro-batches' worth of checkpoints a pipeline stage keeps per layer (1 without pp)."""
+    if maxtext_pipeline(job, plan):
+        # one scan over M * vpp + pp - 1 iterations of L / (pp * vpp) layers, differentiated as a whole: every
+        # iteration's checkpoints are kept (the bubble's too)
+        return accum + (plan.pp - 1) / plan.vpp
+    if plan.pp > 1:  # 1F1B: min(M, pp) in flight, more with interleaved stages
+        return min(accum, plan.pp) * ((1 + (plan.pp - 1) / (plan.pp * plan.vpp)) if plan.vpp > 1 else 1)
+    return 1.0
+
+
 def weight_shard_degrees(job: Job, plan: Plan) -> dict[str, int]:
     """Axes that shard (and so gather) the weights: fsdp always, dp under ZeRO-3, and under MaxText the
     context axis too (its `embed` sharding rule includes `context`: context parallelism shards weights
@@ -209,15 +226,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         saved += frac * dev * tokens * BF16
         offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
         none_all = max(none_all, (sum(el.values()) + extra) * tokens * BF16)
-    if plan.pp > 1 and job.framework == "maxtext":
-        # MaxText's pipeline (layers/pipeline.py) is one scan over M * vpp + pp - 1 iterations, each running
-        # L / (pp * vpp) layers of every stage, differentiated as a whole: every iteration's checkpoints are kept
-        # (the bubble's too), M + (pp - 1) / vpp micro-batches' worth per layer of the stage.
-        inflight = accum + (plan.pp - 1) / plan.vpp
-    elif plan.pp > 1:
-        inflight = min(accum, plan.pp) * ((1 + (plan.pp - 1) / (plan.pp * plan.vpp)) if plan.vpp > 1 else 1)
-    else:
-        inflight = 1
+    inflight = pipeline_inflight(job, plan, accum)
     act_saved = saved * layers_stage * inflight
     # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)
     if job.framework == "maxtext" and job.scan_layers and plan.pp == 1 and plan.remat.count("remat") > 0:
@@ -234,11 +243,11 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
     # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
     coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
-    if plan.pp > 1 and job.framework == "maxtext":
+    if maxtext_pipeline(job, plan):
         coll = maxtext_stage_buffers(layer_w * layers_stage, grad_params * body / (body + emb), weight_shards,
                                      plan.dp > 1 and plan.zero < 3, plan.vpp)
 
-    if plan.pp > 1 and job.framework == "maxtext":
+    if maxtext_pipeline(job, plan):
         # Every stage runs the same program; the logits' batch is split over the stages too
         # (activation_embed_and_logits_batch: data, stage, fsdp), M / pp micro-batches of logits per chip.
         acts, logits_counted = act_saved, logits * accum / plan.pp

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from costmodel.cost import Cost
 from costmodel.estimate import estimate, stage_times
 from costmodel.job import Job
+from costmodel.memory import maxtext_pipeline, pipeline_inflight
 from costmodel.model import ModelSpec
 from costmodel.plan import CHOICES, REMAT_POLICIES, TENSORS, Remat
 from hardware.chip import Chip
@@ -385,11 +386,8 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
     s.logits = c_min.memory.get("logits", 0.0)
-    if mesh.pp > 1 and job.framework == "maxtext":  # costmodel.memory: MaxText's pipeline iterations
-        s.inflight, s.same_stages = c0.grad_accum + (mesh.pp - 1) / mesh.vpp, True
-    elif mesh.pp > 1:
-        accum = c0.grad_accum
-        s.inflight = min(accum, mesh.pp) * ((1 + (mesh.pp - 1) / (mesh.pp * mesh.vpp)) if mesh.vpp > 1 else 1)
+    s.inflight = pipeline_inflight(job, mesh.plan(), c0.grad_accum)
+    s.same_stages = maxtext_pipeline(job, mesh.plan())
 
     def ks(c: Cost) -> float:
         if mesh.pp == 1:

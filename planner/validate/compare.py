@@ -116,16 +116,19 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
     return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a)
 
 
-def pipeline_flops_adjustment(job: Job, plan: Plan, per_device_flops: float, head_flops: float) -> float:
+def pipeline_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, per_device_flops: float) -> float:
     """Per-device FLOPs the validator's GPipe step (planner.validate.pipeline) computes beyond `per_device_flops`,
-    the cost model's per-chip average (with the attention adjustment; head_flops of it are the logits', which
-    every stage computes for its M / pp micro-batches, as the average says); 0 without pp. Every stage runs its
-    layers, forward and backward, on M + pp - 1 ticks, not M (SPMD stages compute through the bubble, as MaxText's
-    pipeline iterations do): the layer FLOPs x (pp - 1) / M more."""
+    the cost model's per-chip average (with the attention adjustment); 0 without pp. Every stage runs its layers,
+    forward and backward, on M + pp - 1 ticks, not M (SPMD stages compute through the bubble, as MaxText's pipeline
+    iterations do): the layer FLOPs x (pp - 1) / M more. The logits are not rerun: every stage computes them once,
+    for its M / pp micro-batches, as the per-chip average says."""
     if plan.pp == 1:
         return 0.0
+    from costmodel.flops import logits_op
+
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
-    return (per_device_flops - head_flops) * (plan.pp - 1) / accum
+    head = 3 * logits_op(m, plan.micro_batch * job.seq_len / plan.cp, plan.tp).flops * accum / plan.pp
+    return (per_device_flops - head) * (plan.pp - 1) / accum
 
 
 def error_pct(pred: float, xla: float) -> float | None:
@@ -274,10 +277,7 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     pred_flops = cost.hardware_flops_per_step / plan.chips + extra
     why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + flash-attention blocks {extra:.4g}"
     if plan.pp > 1:
-        from costmodel.flops import logits_op
-
-        head = 3 * logits_op(small, plan.micro_batch * job.seq_len / plan.cp, plan.tp).flops * accum / plan.pp
-        pipe = pipeline_flops_adjustment(job, plan, pred_flops, head)
+        pipe = pipeline_flops_adjustment(small, job, plan, pred_flops)
         pred_flops += pipe
         why += f" + GPipe bubble ticks {pipe:.4g}"
     vec = cost.vector_flops_per_step / plan.chips

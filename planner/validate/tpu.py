@@ -377,6 +377,13 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
         raise InputError(f"--tp: {m.name}'s {m.n_kv_heads} KV heads are not divisible by tp={plan.tp}")
 
 
+def tpu_job(plan: Plan, seq_len: int, scan: bool = True) -> Job:
+    """The job the TPU compile runs and the cost model is asked about: one micro-batch per batch shard, bf16,
+    MaxText's convention."""
+    return Job(seq_len=seq_len, global_batch=plan.batch_shards * plan.micro_batch, precision="bf16",
+               framework="maxtext", scan_layers=scan)
+
+
 def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Target,
               layers: tuple[int, int], block: int, devices: list | None, scan: bool) -> None:
     from costmodel.estimate import estimate
@@ -384,8 +391,7 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
 
     check_tpu_plan(m_full, plan, seq_len, t)
     devices = devices if devices is not None else topology_devices(t)
-    job = Job(seq_len=seq_len, global_batch=plan.batch_shards * plan.micro_batch, precision="bf16",
-              framework="maxtext", scan_layers=scan)
+    job = tpu_job(plan, seq_len, scan)
     res.model, res.job = m_full, job
     if scan:  # full depth, twice: one layer per scan iteration, then two (FLOPs: the body's share)
         for u in (1, 2):
