@@ -4,8 +4,9 @@
 #   benchmarks/device_calibration.sh [--quick]
 #
 # On a machine with an NVIDIA GPU (jax with CUDA installed): bf16 matmul rate over shapes, HBM bandwidth,
-# then `planner validate` of the single-device plans the GPU count allows against the matching profile
-# (h200 or h100-sxm, from the device name). Without a GPU (or with --quick) the same steps run on 8 host CPU
+# then `planner validate` of a plan the GPU count allows against the matching profile (h200 or h100-sxm, from
+# the device name), and `planner calibrate --out` on a plan set (one device: `single`; 8 or more: `cpu8`) that
+# writes the calibrated profile (calibrated_<profile>.yaml). Without a GPU (or with --quick) the same steps run on 8 host CPU
 # devices with small shapes, so the script is tested end to end on the dev machine. Budget: < 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +40,14 @@ if [[ "$PLATFORM" == "gpu" && "$QUICK" == 0 ]]; then
   esac
   MB_ARGS=(--dtype bfloat16)
   VAL_ARGS=(--hardware "$HW" --devices "$NDEV" --steps 10 --full-opt --d-model 1024 --layers 4 --seq-len 1024)
+  if (( NDEV >= 8 )); then CAL_SET=cpu8; CAL_DEV=8; else CAL_SET=single; CAL_DEV=1; fi
+  CAL_ARGS=(--steps 3 --full-opt --d-model 1024 --layers 4 --seq-len 1024)
 else
   HW=cpu-host
   MB_ARGS=(--quick --devices 8)
   VAL_ARGS=(--hardware cpu-host --devices 8 --steps 2 --d-model 64 --seq-len 64 --fast-compile)
+  CAL_SET=quick; CAL_DEV=8
+  CAL_ARGS=(--steps 2 --d-model 64 --seq-len 64 --fast-compile)
 fi
 log "profile: $HW"
 
@@ -89,5 +94,25 @@ for c in d["checks"]:
     err = "-" if c["error_pct"] is None else f"{c['error_pct']:+.1f}%"
     print(f"{c['plan']:24s} {c['quantity']:42s} pred {c['predicted'] or 0:12.5g} xla {c['xla'] or 0:12.5g} {err:>8s} "
           f"{'ok' if c['ok'] else 'NO'}")
+EOF
+log "planner calibrate --set $CAL_SET ($CAL_DEV devices)"
+set +e
+timeout 300 "$PY" -c "from cli.main import main; main()" calibrate --hardware "$HW" --set "$CAL_SET" \
+  --devices "$CAL_DEV" "${CAL_ARGS[@]}" --out "$RESULTS/calibrated_$HW.yaml" --json \
+  > "$RESULTS/calibrate.json" 2> "$RESULTS/calibrate.err"
+RC=$?
+set -e
+log "calibrate exit code $RC (0: all checks in tolerance, 1: some outside, 2: bad input, 124: timeout)"
+"$PY" - "$RESULTS/calibrate.json" <<'EOF' | tee "$RESULTS/calibrate_summary.txt"
+import json, sys
+try:
+    c = json.load(open(sys.argv[1]))["calibration"]
+except Exception as e:  # noqa: BLE001
+    print(f"no calibration output: {e}")
+    sys.exit(0)
+b, a = c["before"], c["after"]
+print(f"{c['rows']} plans: Spearman {b['spearman']:.3f} -> {a['spearman']:.3f}, median |error| "
+      f"{b['median_error_pct']:.1f}% -> {a['median_error_pct']:.1f}%; profile {c['profile']}")
+print("  " + ", ".join(f"{k}={v:.4g}" for k, v in c["eff"].items()))
 EOF
 log "done: results in $RESULTS"

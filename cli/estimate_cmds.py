@@ -169,15 +169,49 @@ def bench_published(
 
 @app.command()
 def calibrate(
-    file: list[str] = typer.Option(..., "--file", "-f", help="CSV(s) in the runs_dev.csv schema with measured step "
-                                   "times; repeat to combine files."),
-    hardware: list[str] = typer.Option(None, "--hardware", "-H", help="Only these presets (default: all in file)."),
+    file: list[str] = typer.Option(None, "--file", "-f", help="CSV(s) in the runs_dev.csv schema with measured step "
+                                   "times; repeat to combine files (fits hardware/calibration/NAME.yaml)."),
+    hardware: list[str] = typer.Option(None, "--hardware", "-H", help="Only these presets (default: all in file); "
+                                       "with --out, the one profile to calibrate."),
+    out: str = typer.Option("", "--out", help="Instead of published runs: run a validator plan set on the JAX "
+                            "devices here, fit the profile to their step times and write it to this file."),
+    plan_set: str = typer.Option("cpu8", "--set", help="With --out: the plan set (quick, cpu8, single)."),
+    devices: int = typer.Option(8, "--devices", help="With --out: host-platform devices to create (CPU) / to use."),
+    steps: int = typer.Option(2, "--steps", help="With --out: steps per timing round (the fastest counts)."),
+    d_model: int = typer.Option(128, "--d-model", help="With --out: width of the scaled-down models."),
+    layers: int = typer.Option(2, "--layers", help="With --out: layers of the scaled-down models."),
+    seq_len: int = typer.Option(128, "--seq-len", help="With --out: sequence length of the scaled-down jobs."),
+    fast_compile: bool = typer.Option(False, "--fast-compile/--full-opt",
+                                      help="With --out: XLA backend optimisation level 0 (CPU)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the fit without writing the overlay."),
+    as_json: bool = o.JSON,
 ) -> None:
-    """Fit each chip's efficiency parameters to measured runs and write hardware/calibration/NAME.yaml."""
+    """Fit each chip's efficiency parameters to measured runs and write hardware/calibration/NAME.yaml; or, with
+    --out, to step times measured here by running a validator plan set (planner validate) and write that profile."""
+    if out:
+        if file:
+            raise InputError("--out: runs the validator's plan set on this machine; leave out --file (published "
+                             "runs are fitted without --out, into hardware/calibration/NAME.yaml)")
+        if not hardware or len(hardware) != 1:
+            raise InputError("--hardware: expected exactly one profile to calibrate with --out, e.g. -H cpu-host")
+        from cli.validate_cmds import calibrate_on_devices
+        from planner.validate.scale import Scale
+
+        scale = Scale(d_model=o.positive("--d-model", d_model), n_layers=o.positive("--layers", layers),
+                      seq_len=o.positive("--seq-len", seq_len))
+        return calibrate_on_devices(hardware[0], out, plan_set, o.positive("--devices", devices),
+                                    o.positive("--steps", steps), scale, fast_compile, as_json)
+    if not file:
+        raise InputError("--file: expected a CSV of measured runs (runs_dev.csv schema), or --out FILE to calibrate "
+                         "on this machine's devices")
     from costmodel.calibrate import calibrate_all
 
-    for name, eff, stats, path in calibrate_all(file, hardware or None, write=not dry_run):
+    fits = list(calibrate_all(file, hardware or None, write=not dry_run))
+    if as_json:
+        return print_json([{"hardware": name, "rows": stats["rows"], "mape_pct": stats["mape_pct"],
+                            "worst_pct": stats["worst_pct"], "eff": dict(eff.__dict__),
+                            "written": str(path) if path else None} for name, eff, stats, path in fits])
+    for name, eff, stats, path in fits:
         vals = ", ".join(f"{k}={v:.3g}" for k, v in eff.__dict__.items())
         where = f" -> {path}" if path else ""
         typer.echo(f"{name}: {stats['rows']} rows, MAPE {stats['mape_pct']:.1f}%, worst {stats['worst_pct']:.1f}%"

@@ -73,7 +73,6 @@ def validate(
     """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model."""
     from costmodel.catalog import load_model
     from hardware.catalog import load_hardware
-    from planner.validate import jax_loaded, set_host_devices
     from planner.validate.plans import PLAN_SETS
     from planner.validate.scale import Scale, check_devices, scale_down
 
@@ -110,8 +109,21 @@ def validate(
         # Bad input is checked before jax starts: one line saying what to change, exit 2.
         check_devices(plan, devices)
         scale_down(runs[0][1], plan, scale)
+    run_validation(runs, chip, hardware, scale, devices, local_devices=local_devices, steps=steps,
+                   plan_timeout=plan_timeout, calibrate_out=calibrate_out, fast_compile=fast_compile,
+                   coordinator=coordinator, num_processes=num_processes, process_id=process_id, as_json=as_json)
+
+
+def run_validation(runs: list, chip, hardware: str, scale, devices: int, *, local_devices: int | None = None,
+                   steps: int = 3, plan_timeout: float = 0.0, calibrate_out: str = "", fast_compile: bool = False,
+                   coordinator: str = "", num_processes: int = 1, process_id: int = 0, as_json: bool = False) -> None:
+    """Compile and run `runs` ((name, full model, plan) each) on the JAX devices, print the checks, and with
+    calibrate_out time them in rounds and write the fitted profile there. Exits 1 when a check is outside
+    tolerance (shared by `planner validate` and `planner calibrate --out`)."""
+    from planner.validate import jax_loaded, set_host_devices
+
     if not jax_loaded():
-        set_host_devices(local_devices)
+        set_host_devices(local_devices or devices)
         if fast_compile:
             import os
 
@@ -162,6 +174,25 @@ def validate(
         # typer.Exit would be swallowed by click's standalone_mode=False (cli.main ignores the return code)
         sys.stdout.flush()
         sys.exit(1)
+
+
+def calibrate_on_devices(hardware: str, out: str, plan_set: str, devices: int, steps: int, scale,
+                         fast_compile: bool, as_json: bool) -> None:
+    """`planner calibrate --hardware H --out FILE`: run a named plan set on the JAX devices, fit the profile's
+    efficiencies to the measured step times and write the calibrated profile to FILE."""
+    from costmodel.catalog import load_model
+    from hardware.catalog import load_hardware
+    from planner.validate.plans import PLAN_SETS
+    from planner.validate.scale import check_devices
+
+    chip = load_hardware(hardware)
+    if plan_set not in PLAN_SETS:
+        raise InputError(f"--set: unknown plan set {plan_set!r}; expected one of {', '.join(PLAN_SETS)}")
+    runs = [(name, load_model(mname), plan) for name, mname, plan in PLAN_SETS[plan_set]]
+    for _, _, plan in runs:  # before jax starts: one line saying what to change
+        check_devices(plan, devices)
+    run_validation(runs, chip, hardware, scale, devices, steps=steps, calibrate_out=out, fast_compile=fast_compile,
+                   as_json=as_json)
 
 
 def _calibrate(results, chip, hardware: str, out: str, steps: int, bar) -> dict:

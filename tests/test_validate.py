@@ -79,6 +79,20 @@ def test_cli_bad_input_exits_2_with_one_line():
         assert len(lines) == 1 and needle in lines[0]
 
 
+def test_calibrate_on_devices_bad_input_exits_2_with_one_line(tmp_path):
+    out = str(tmp_path / "p.yaml")
+    for args, needle in (([], "--file"), (["--out", out], "--hardware"),
+                         (["--out", out, "-H", "cpu-host", "-f", "x.csv"], "leave out --file"),
+                         (["--out", out, "-H", "cpu-host", "--set", "nope"], "quick, cpu8, single"),
+                         (["--out", out, "-H", "cpu-host", "--devices", "4"], "only 4 exist"),
+                         (["--out", out, "-H", "no-such-chip"], "hardware")):
+        r = subprocess.run([PLANNER, "calibrate", *args], capture_output=True, text=True, env=_env(), timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and needle in lines[0], (args, lines)
+    assert not Path(out).exists()
+
+
 def test_cli_plan_file_too_big_for_the_devices(tmp_path):
     plan = tmp_path / "p64.yaml"
     r = subprocess.run([PLANNER, "estimate", "--model", "llama3-8b", "--hardware", "tpu-v5p", "--chips", "64",
@@ -127,6 +141,29 @@ def test_validate_three_plans_end_to_end(has_jax):
         assert abs(by[(p, "flops")]["error_pct"]) < 15, by[(p, "flops")]
         assert by[(p, "step_time_s")]["xla"] > 0
     assert r.returncode == (0 if all(c["ok"] for c in out["checks"]) else 1)
+
+
+def test_device_script_runs_end_to_end_on_cpu(has_jax, tmp_path):
+    """benchmarks/device_calibration.sh on the CPU devices: microbench, validate of three plans and planner calibrate
+    --out, whose profile `--hardware` accepts, with only the efficiencies refitted."""
+    from hardware.catalog import load_hardware
+
+    r = subprocess.run(["bash", "benchmarks/device_calibration.sh", "--quick"], capture_output=True, text=True,
+                       env={**_env(), "OUT": str(tmp_path), "PYTHON": sys.executable}, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    bench = json.loads((tmp_path / "microbench.json").read_text())
+    assert bench["best_matmul_tflops"] > 0 and bench["hbm"]["GBps"] > 0
+    checks = json.loads((tmp_path / "validate.json").read_text())["checks"]
+    assert {c["plan"] for c in checks} == {"fsdp4-dp2-full", "tp4-sp-dp2-selective", "cp2-fsdp4-none"}
+    cal = json.loads((tmp_path / "calibrate.json").read_text())["calibration"]
+    assert cal["rows"] == 3 and cal["after"]["median_error_pct"] <= cal["before"]["median_error_pct"] + 1e-9
+    fitted, base = load_hardware(str(tmp_path / "calibrated_cpu-host.yaml")), load_hardware("cpu-host")
+    assert fitted.eff != base.eff and fitted.peak_bf16_flops == base.peak_bf16_flops
+    assert fitted.eff.matmul_peak == pytest.approx(cal["eff"]["matmul_peak"], rel=1e-4)
+    r = subprocess.run([PLANNER, "estimate", "-m", "llama3-8b", "-H", str(tmp_path / "calibrated_cpu-host.yaml"),
+                        "-n", "1", "-b", "1", "-s", "128", "--json"], capture_output=True, text=True, env=_env(),
+                       timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["step_time_s"] > 0, r.stderr
 
 
 def test_cpu_calibration_recovers_synthetic_step_times():

@@ -78,8 +78,9 @@ def write_profile(chip: Chip, base_yaml: Path, out: Path, note: str) -> Path:
     doc["name"] = chip.name
     doc.setdefault("sources", []).append(note)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Written by benchmarks/validate_cpu.py: {base_yaml.name} with efficiencies fitted to measured "
-                   "validator step times.\n" + yaml.safe_dump(doc, sort_keys=False))
+    out.write_text(f"# Written by planner calibrate --out (or validate --calibrate-out, benchmarks/validate_cpu.py): "
+                   f"{base_yaml.name}\n# with efficiencies fitted to measured validator step times.\n"
+                   + yaml.safe_dump(doc, sort_keys=False))
     return out
 
 

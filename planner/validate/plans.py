@@ -34,4 +34,13 @@ PLAN_SETS: dict[str, list[tuple[str, str, Plan]]] = {
         ("pp2-tp2-dp2-selective", "llama3-8b", _p(pp=2, tp=2, dp=2, remat="selective")),
         ("pp2-fsdp2-dp2-full", "llama3-8b", _p(pp=2, fsdp=2, dp=2)),
     ],
+    # One device (a single GPU): remat and micro-batch vary the compute, memory-traffic and overhead shares.
+    "single": [
+        ("dense-full-mb1", "llama3-8b", _p()),
+        ("dense-selective-mb1", "llama3-8b", _p(remat="selective")),
+        ("dense-none-mb1", "llama3-8b", _p(remat="none")),
+        ("dense-full-mb4", "llama3-8b", _p(micro_batch=4)),
+        ("dense-none-mb2", "llama3-8b", _p(micro_batch=2, remat="none")),
+        ("moe-full-mb2", "mixtral-8x7b", _p(micro_batch=2)),
+    ],
 }
