@@ -39,7 +39,7 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
 # buffer of costmodel.memory.xla_loop_extra_bytes was revised after them (it had been read off one tp config).
 VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l3-8b_v5p16_b0.5_s4096_full_tp2",
            "l3-8b_v6e8_b1_s8192_saveqkv", "l3-8b_v6e8_b0.5_s8192_full_cp2", "l2-70b_v5p64_b1_s4096_full",
-           "l2-70b_v6e64_b0.5_s4096_full_tp2")
+           "l2-70b_v6e64_b0.5_s4096_full_tp2", "mixtral-8x7b_v5p64_b1_s4096_full_ep4")
 
 
 def model_from_row(r: dict[str, str]) -> ModelSpec:
@@ -91,7 +91,8 @@ def compare() -> list[dict]:
         m = models.get(r["model_name"])
         vpp = m.n_layers // (pp * int(extra.get("num_layers_per_pipeline_stage", 1))) if pp > 1 and m else 1
         dp = int(extra.get("ici_data_parallelism", 1))  # replicated weights, optimizer state not sharded over it
-        plan = Plan(dp=dp, fsdp=chips // (tp * cp * pp * dp), tp=tp, cp=cp, pp=pp, vpp=vpp,
+        ep = int(extra.get("ici_expert_parallelism", 1))  # experts split over it, the other weights fsdp-like
+        plan = Plan(dp=dp, fsdp=chips // (tp * cp * pp * dp * ep), tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp,
                     micro_batch=round(b * tp * cp * pp / (ga * n_micro)), zero=3 if dp == 1 else 0,
                     remat=remat_of(r["remat_policy"], extra))
         job = Job(seq_len=int(r["max_target_length"]), global_batch=round(b * chips), framework="maxtext",

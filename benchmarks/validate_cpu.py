@@ -50,6 +50,11 @@ NOTES = """
 #  - cp: K/V as 2 all-gathers + 1 reduce-scatter per layer (was 3 all-gathers).
 #  - MoE: MaxText's all-to-alls are not split over tp; with nothing recomputed a MoE layer keeps its dispatched
 #    tokens and expert outputs; element-wise FLOPs (costmodel.flops.layer_vector_flops) in the flops check.
+#  - MoE under MaxText (found on the TPU, benchmarks/validate_tpu.py): ep shards the non-expert weights like fsdp
+#    (MaxText's `embed` rule lists `expert`); the validator now does the same, so their gradients are
+#    reduce-scattered over ep with the layer (the ep all-reduce is gone) and moe-ep4-dp2 memory went from +2.9 %
+#    to -3.6 %. The validator routes with capacity factor 1, so MaxText's worst-case dropless buffers
+#    (costmodel.memory.routed_buffer_factor) are not in its prediction.
 # Pipeline (pp2-dp4-full; planner.validate.pipeline follows MaxText's pipeline module):
 #  - the step is manual over pp and dp: each gradient is reduced over dp once per step (GSPMD had all-reduced each
 #    tick's partial sums: all-reduce -71 %); the tables sit on every stage, their gradients reduced over dp x pp;
@@ -68,7 +73,7 @@ NOTES = """
 #    60 % of the predicted temp; the cost model sums the phase maxima (gathered layer + logits + working set),
 #    while XLA:CPU peaks in the loss phase without the layer buffers. Kept: on the TPU compiles of MaxText the
 #    sum is what XLA holds.
-#  - moe-ep2-fsdp2-tp2-none collective-permute (144 KB, 2 % of its traffic): GSPMD reorders devices between the
+#  - moe-ep2-fsdp2-tp2-none collective-permute (131 KB, 2 % of its traffic): GSPMD reorders devices between the
 #    MoE dispatch shardings (the embedding rows' all-to-all lands in (dp, ep, fsdp) batch order); not counted.
 #  - matmul_flops (informational): XLA:CPU rewrites some flash block products as multiply-reduce fusions, which
 #    cost_analysis counts (flops check) but the dot count misses; selective plans are 2-4 % over because XLA

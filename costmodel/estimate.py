@@ -249,11 +249,16 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     wlinks = [links[a] for a in weight_shard_degrees(job, plan)]
     wshards = math.prod(lk.size for lk in wlinks)
     if wshards > 1:
-        wbytes = mem.layer_weight_elems * BF16  # one layer's weights on this chip before sharding over fsdp
-        gbytes = mem.layer_weight_elems * mem.grad_reduce_bytes
+        # One layer's weights on this chip before sharding: the routed experts are gathered over their own
+        # group (MaxText: not over ep, which splits them by expert; nothing to gather when fsdp = 1).
+        elinks = [links[a] for a in weight_shard_degrees(job, plan, experts=True)]
+        e_elems = mem.layer_expert_elems if math.prod(lk.size for lk in elinks) > 1 else 0.0
+        parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
+        wbytes = sum(n for _, n in parts) * BF16
+        gbytes = sum(n for _, n in parts) * mem.grad_reduce_bytes
         flat = job.framework == "deepspeed"
-        t_ag = group_time(wlinks, "all-gather", wbytes, chip, flat)
-        t_rs = group_time(wlinks, "reduce-scatter", gbytes, chip, flat)
+        t_ag = sum(group_time(lks, "all-gather", n * BF16, chip, flat) for lks, n in parts if n)
+        t_rs = sum(group_time(lks, "reduce-scatter", n * mem.grad_reduce_bytes, chip, flat) for lks, n in parts if n)
         exp_f = max(0.0, t_ag - ov * st.layer_fwd)
         exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
         n = layers * layer_steps
@@ -294,7 +299,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     # ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
     # Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
     # gradients are reduced over dp x ep in one collective, the experts' over dp alone.
-    moe_ep = plan.ep > 1 and m.n_moe_layers > 0
+    # (MaxText shards them over ep instead, with the weight-sharded axes above: nothing left to all-reduce.)
+    moe_ep = plan.ep > 1 and m.n_moe_layers > 0 and "ep" not in weight_shard_degrees(job, plan)
     # MaxText with pp: the embedding tables sit on every stage and see every stage's share of the batch, so their
     # gradients are reduced over dp x pp in one collective (the stage weights' over dp alone).
     pp_tables = 0.0

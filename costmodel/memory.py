@@ -43,10 +43,22 @@ def state_convention(job: Job) -> tuple[int, int, int, int]:
     return CONVENTIONS[job.framework]
 
 
-def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> dict[str, float]:
-    """Elements per token on one chip of each remat tensor of a layer (MoE: tokens routed to k experts)."""
+def routed_buffer_factor(m: ModelSpec, job: Job, plan: Plan) -> float:
+    """How many times the balanced routed rows a chip's expert buffers hold. MaxText's dropless MoE under expert
+    parallelism (ragged_buffer_factor -1, the default) sizes the ragged all-to-all's receive buffer, and so the
+    experts' inputs and outputs, for the worst case: min(ep, experts / top_k) times the balanced rows
+    (maxtext/layers/moe.py, get_ragged_buffer_size; seen as bf16[32768, 14336] operands on Mixtral, 4096 tokens
+    per chip, top-2, ep 4)."""
+    if job.framework == "maxtext" and plan.ep > 1 and m.is_moe and m.capacity_factor == 0:
+        return min(plan.ep, m.n_experts / m.experts_per_token)
+    return 1.0
+
+
+def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: float = 1.0) -> dict[str, float]:
+    """Elements per token on one chip of each remat tensor of a layer (MoE: tokens routed to k experts; buffer:
+    routed_buffer_factor)."""
     sp = plan.tp if plan.sequence_parallel else 1
-    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
+    ffn, k = (m.moe_ffn_dim, m.experts_per_token * buffer + m.n_shared_experts) if moe else (m.ffn_dim, 1)
     return {
         "layer_input": m.d_model / sp,
         "qkv_proj": (m.q_dim + 2 * m.kv_dim) / plan.tp,
@@ -57,14 +69,14 @@ def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> dict[str, flo
     }
 
 
-def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
+def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: float = 1.0) -> float:
     """Tensors kept only when nothing is recomputed: two norm outputs and the MLP activation output; in a MoE
     layer also the dispatched copies of the tokens (the experts' input, for their weight gradients) and the
     experts' outputs before the weighted combine (for the gate gradient): k x capacity rows of d each, not split
-    over tp (the routed tokens are replicated over tp)."""
+    over tp (the routed tokens are replicated over tp); buffer: routed_buffer_factor."""
     sp = plan.tp if plan.sequence_parallel else 1
-    ffn, k = (m.moe_ffn_dim, m.experts_per_token + m.n_shared_experts) if moe else (m.ffn_dim, 1)
-    routed = 2 * m.routed_rows_per_token * m.d_model if moe else 0.0
+    ffn, k = (m.moe_ffn_dim, m.experts_per_token * buffer + m.n_shared_experts) if moe else (m.ffn_dim, 1)
+    routed = 2 * (m.routed_rows_per_token + m.experts_per_token * (buffer - 1)) * m.d_model if moe else 0.0
     return 2 * m.d_model / sp + ffn * k / plan.tp + routed
 
 
@@ -118,7 +130,9 @@ class MemoryTerms:
     optimizer_param_elems: float  # parameters whose optimizer state this chip holds and updates
     grad_elems_for_reduce: float  # gradient elements this chip contributes to the dp reduction (before ZeRO-2 split)
     layer_weight_elems: float  # one layer's weights on this chip before fsdp sharding (the gathered size)
-    non_expert_param_elems: float  # parameters on this chip that every ep rank holds (reduced over ep)
+    layer_expert_elems: float  # the routed experts' share of layer_weight_elems (sharded over fsdp, not ep)
+    non_expert_param_elems: float  # parameters on this chip outside the routed experts (replicated over ep
+    # unless the framework shards them over it: weight_shard_degrees)
     offload_bytes_per_layer: float  # activations moved to host per layer per micro-step
     peak_bytes: float
     host_bytes: float
@@ -142,13 +156,17 @@ def pipeline_inflight(job: Job, plan: Plan, accum: int) -> float:
     return 1.0
 
 
-def weight_shard_degrees(job: Job, plan: Plan) -> dict[str, int]:
-    """Axes that shard (and so gather) the weights: fsdp always, dp under ZeRO-3, and under MaxText the
-    context axis too (its `embed` sharding rule includes `context`: context parallelism shards weights
-    like FSDP)."""
+def weight_shard_degrees(job: Job, plan: Plan, experts: bool = False) -> dict[str, int]:
+    """Axes that shard (and so gather) the weights: fsdp always, dp under ZeRO-3, and under MaxText the context
+    and expert axes too (its `embed` sharding rule, configs/base.yml logical_axis_rules, lists `context` and
+    `expert`: both shard weights like FSDP). experts=True: the routed experts' weights, which MaxText splits
+    over the expert axis by expert (`exp`), so that axis does not shard them again (Megatron replicates the
+    non-expert weights over ep)."""
     out = {"fsdp": plan.fsdp}
     if job.framework == "maxtext" and plan.cp > 1:
         out["cp"] = plan.cp
+    if job.framework == "maxtext" and plan.ep > 1 and not experts:
+        out["ep"] = plan.ep
     if plan.zero == 3:
         out["dp"] = plan.dp
     return out
@@ -183,8 +201,11 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).
     reduce_b = BF16 if job.framework == "maxtext" else g_b
     weight_shards = math.prod(weight_shard_degrees(job, plan).values())
+    expert_shards = math.prod(weight_shard_degrees(job, plan, experts=True).values())
     body, layer_w, emb = param_counts_per_chip(m, plan, job.framework)
-    params = (body + emb) / weight_shards
+    experts = expert_params_per_chip(m, plan)
+    params = (body - experts + emb) / weight_shards + experts / expert_shards
+    layer_experts = experts / (m.n_layers / plan.pp)  # the routed experts' share of layer_w
     opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)
     grad_params = params / (plan.dp if plan.zero == 2 else 1)
 
@@ -212,8 +233,9 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         if count == 0:
             continue
         frac = count / m.n_layers
-        el = tensor_elems_per_token(m, plan, moe)
-        extra = extra_saved_elems_per_token(m, plan, moe)
+        buf = routed_buffer_factor(m, job, plan) if moe else 1.0
+        el = tensor_elems_per_token(m, plan, moe, buf)
+        extra = extra_saved_elems_per_token(m, plan, moe, buf)
         dev = sum(el[t] for t in TENSORS if choices[t] == "device")
         if job.framework == "maxtext" and plan.remat.count("remat") > 0 and choices["mlp_out"] == "device":
             # The MLP output matmul's result is not needed by the backward pass (the residual add's gradient
@@ -241,8 +263,10 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     logit_bytes = 4 if job.framework == "maxtext" else 6
     # Vocab tiling (MaxText num_vocab_tiling) computes logits, loss and their gradient one token chunk at a time.
     logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
-    # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter.
-    coll = (BF16 + BF16) * layer_w if weight_shards > 1 else 0.0
+    # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter
+    # (of the weights that are sharded: under MaxText ep alone shards the non-expert weights, not the experts).
+    gathered = (layer_w - layer_experts) * (weight_shards > 1) + layer_experts * (expert_shards > 1)
+    coll = (BF16 + BF16) * gathered
     if maxtext_pipeline(job, plan):
         coll = maxtext_stage_buffers(layer_w * layers_stage, grad_params * body / (body + emb), weight_shards,
                                      plan.dp > 1 and plan.zero < 3, plan.vpp)
@@ -275,6 +299,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         convention=job.framework + (" (bf16 weights)" if job.weight_dtype == "bfloat16" else ""),
         param_bytes=w_b, grad_reduce_bytes=reduce_b, grad_bytes=g_b, adam_bytes_per_param=adam_b,
         param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
-        layer_weight_elems=layer_w, non_expert_param_elems=params - expert_params_per_chip(m, plan) / weight_shards,
+        layer_weight_elems=layer_w, layer_expert_elems=layer_experts,
+        non_expert_param_elems=params - experts / expert_shards,
         offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
         host_bytes=host, breakdown=breakdown)

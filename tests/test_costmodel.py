@@ -302,20 +302,28 @@ def test_bench_published_json(tmp_path):
 
 
 def test_expert_parallel_collectives_by_hand():
-    # TINY_MOE on dp2 x ep4: experts (4 of 3 x 64 x 32 per layer) are split over ep and reduced over dp; every
-    # other weight is replicated over dp and ep, so its gradient is reduced over dp x ep in one all-reduce.
+    # TINY_MOE on dp2 x ep4: experts (4 of 3 x 64 x 32 per layer) are split over ep and reduced over dp. Megatron
+    # replicates every other weight over dp and ep, so its gradient is reduced over dp x ep in one all-reduce;
+    # MaxText shards those weights over ep like fsdp (its `embed` rule lists `expert`): gathered per layer over
+    # ep, reduce-scattered there, and only their ep shard all-reduced over dp.
     job = Job(seq_len=16, global_batch=8)
     plan = Plan(dp=2, ep=4, micro_batch=1, remat=REMAT_POLICIES["full"])
     c = estimate(TINY_MOE, V5P, job, plan, 8)
     by = {(x.axis, x.kind, x.purpose): x for x in c.collectives}
     expert = 2 * 4 / 4 * 3 * 64 * 32  # layers x experts per rank x params per expert
     non_expert = TINY_MOE.total_params() - 2 * 4 * 3 * 64 * 32 - 64  # the final norm is not in the split
+    layer_non_expert = 4 * 64 * 64 + 2 * 64 + 64 * 4  # q, k, v, o; two norms; the router
     # MaxText reduces the gradients of the bf16 compute copy: 2 bytes per parameter on the wire.
-    assert by["dp", "all-reduce", "expert grads"].bytes_each == pytest.approx(2 * expert)
-    assert by["dp+ep", "all-reduce", "non-expert grads"].bytes_each == pytest.approx(2 * non_expert)
+    assert by["dp", "all-reduce", "grads"].bytes_each == pytest.approx(2 * (expert + non_expert / 4))
+    gather = by["fsdp", "all-gather", "weights fwd+bwd"]
+    assert (gather.count, gather.bytes_each) == (2 * 2, 2 * layer_non_expert)  # the experts are not gathered
+    assert not any("ep" in x.axis.split("+") and x.kind == "all-reduce" for x in c.collectives)
+    assert memory_terms(TINY_MOE, V5P, job, plan, 1).param_elems == pytest.approx(expert + non_expert / 4)
     mega = {(x.axis, x.kind, x.purpose): x for x in estimate(TINY_MOE, V5P, replace(job, framework="megatron"),
                                                               plan, 8).collectives}
     assert mega["dp", "all-reduce", "expert grads"].bytes_each == pytest.approx(4 * expert)  # fp32 main grads
+    assert mega["dp+ep", "all-reduce", "non-expert grads"].bytes_each == pytest.approx(4 * non_expert)
+    assert not any(k[2] == "weights fwd+bwd" for k in mega)
     # Dispatch + combine forward and backward, rerun with the recomputed MoE block: 6 per MoE layer.
     a2a = by["ep", "all-to-all", "tokens"]
     assert a2a.count == 6 * 2
@@ -387,6 +395,25 @@ def test_moe_layers_keep_routed_tokens_when_nothing_is_recomputed():
     # TINY_MOE (top-2 of 4 experts, expert width 32): norms 128, activations 2 x 32, and the dispatched tokens
     # plus the expert outputs, 2 x top-2 x 64.
     assert extra_saved_elems_per_token(TINY_MOE, Plan(), True) == 128 + 64 + 2 * 2 * 64
+
+
+def test_maxtext_dropless_expert_buffers_are_sized_for_the_worst_case():
+    from costmodel.memory import extra_saved_elems_per_token, routed_buffer_factor
+
+    job = Job(seq_len=16, global_batch=8)
+    # min(ep, experts / top_k): TINY_MOE has 4 experts, top-2, so at most 2x the balanced rows
+    assert routed_buffer_factor(TINY_MOE, job, Plan(ep=4)) == 2
+    assert routed_buffer_factor(TINY_MOE, job, Plan(ep=1)) == 1
+    assert routed_buffer_factor(TINY_MOE, replace(job, framework="megatron"), Plan(ep=4)) == 1
+    assert routed_buffer_factor(replace(TINY_MOE, capacity_factor=1.25), job, Plan(ep=4)) == 1  # token dropping
+    # the experts' input (gated: 2 x 32 per routed row) and the routed copies grow with it: 2 x top-2 rows
+    assert tensor_elems_per_token(TINY_MOE, Plan(), True, 2.0)["mlp_in"] == 2 * 32 * 2 * 2
+    assert extra_saved_elems_per_token(TINY_MOE, Plan(), True, 2.0) == 128 + 32 * 4 + 2 * 4 * 64
+    dense_part = memory_terms(TINY_MOE, V5P, job, Plan(dp=2, remat=REMAT_POLICIES["full"]), 1)
+    ep_part = memory_terms(TINY_MOE, V5P, job, Plan(ep=2, remat=REMAT_POLICIES["full"]), 1)
+    # one MoE layer's working set, 16 tokens, bf16: (2 x 32 + 32 + 2 x 64) more elements per routed row, 2 rows
+    grow = 16 * 2 * 2 * (2 * 32 + 32 + 2 * 64)
+    assert ep_part.breakdown["activation_working"] - dense_part.breakdown["activation_working"] == grow
 
 
 def test_maxtext_pipeline_memory_and_collectives_by_hand():

@@ -7,6 +7,7 @@ The parsing and the bad-input paths are tested everywhere.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 
@@ -35,6 +36,10 @@ def test_bad_plan_for_target():
         check_tpu_plan(SMALL, Plan(fsdp=4), 1024, parse_target("tpu-v5p:2x2x2"))
     with pytest.raises(InputError, match="not divisible by cp"):
         check_tpu_plan(SMALL, Plan(fsdp=2, cp=2), 1023, parse_target("tpu-v5p:2x2x1"))
+    moe = replace(SMALL, n_experts=8, experts_per_token=2, moe_ffn_dim=4096)
+    check_tpu_plan(moe, Plan(fsdp=2, ep=4), 1024, parse_target("tpu-v5p:2x2x2"))  # MoE layers all alike: runs
+    with pytest.raises(InputError, match="shared-expert"):
+        check_tpu_plan(replace(moe, n_shared_experts=1), Plan(fsdp=2, ep=4), 1024, parse_target("tpu-v5p:2x2x2"))
 
 
 @pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install 'jax[tpu]')")

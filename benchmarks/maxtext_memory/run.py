@@ -140,6 +140,9 @@ CONFIGS: list[Config] = [
            extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 8}),
     Config("l3-8b_v6e8_b1_s4096_full_pp2", "llama3-8b", "v6e-8", 1, 4096, "full",
            extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16}),
+    # expert parallelism (the validator's MoE TPU plan, benchmarks/validate_tpu.py)
+    Config("mixtral-8x7b_v5p64_b1_s4096_full_ep4", "mixtral-8x7b", "v5p-64", 1, 4096, "full",
+           extra={"ici_expert_parallelism": 4}),
 ]
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)

@@ -71,7 +71,7 @@ def single_device_plan(plan: Plan) -> Plan:
 
 def _w_axes(cfg: Setup, moments: bool = False) -> tuple[str, ...]:
     """Mesh axes that shard the weights' d_model dimension: the cost model's own rule
-    (costmodel.memory.weight_shard_degrees: fsdp; cp under MaxText; dp under ZeRO-3), plus dp for the Adam
+    (costmodel.memory.weight_shard_degrees: fsdp; cp and ep under MaxText; dp under ZeRO-3), plus dp for the Adam
     moments under ZeRO-1/2."""
     from costmodel.job import Job
     from costmodel.memory import weight_shard_degrees
@@ -90,8 +90,9 @@ def param_specs(cfg: Setup, moments: bool = False) -> dict:
         "norm1": P(None), "norm2": P(None),
         "wqkv": P(W, "tp", None, None), "wo": P("tp", None, W),
     }
-    if m.is_moe:
-        layer.update(router=P(W, None), wi=P("ep", W, None, "tp"), wo_mlp=P("ep", "tp", W))
+    if m.is_moe:  # the experts are split over ep by expert, so ep does not shard their d_model too
+        We = tuple(a for a in W if a != "ep")
+        layer.update(router=P(W, None), wi=P("ep", We, None, "tp"), wo_mlp=P("ep", "tp", We))
     else:
         layer.update(wi=P(W, None, "tp"), wo_mlp=P("tp", W))
     specs = {"embed": P("tp", W), "final_norm": P(None), "layers": [dict(layer) for _ in range(m.n_layers)]}

@@ -368,13 +368,20 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
         raise InputError(why)
     if plan.pp > 1:
         raise InputError(f"--pp: the TPU compile does not run pipeline stages yet (pp={plan.pp}); use --pp 1")
-    if m.is_moe or m.is_mla or m.sliding_window:
-        raise InputError(f"--target: the TPU compile runs dense GQA models at full width; {m.name} has "
-                         "MoE / MLA / sliding-window layers (use a dense model such as llama3-8b)")
+    if m.is_mla or m.sliding_window or (m.is_moe and (m.n_dense_layers or m.n_shared_experts)):
+        raise InputError(f"--target: the TPU compile runs GQA models whose layers are all alike at full width; "
+                         f"{m.name} has MLA / sliding-window / leading dense or shared-expert layers (use e.g. "
+                         "llama3-8b or mixtral-8x7b)")
     if seq_len % plan.cp:
         raise InputError(f"--seq-len: {seq_len} is not divisible by cp={plan.cp}")
     if m.n_kv_heads % plan.tp:
         raise InputError(f"--tp: {m.name}'s {m.n_kv_heads} KV heads are not divisible by tp={plan.tp}")
+
+
+def routed_as_compiled(m: ModelSpec) -> ModelSpec:
+    """The model as the validator's step routes it: a dropless MoE gets capacity factor 1, the per-sequence
+    expert capacity planner.validate.model uses (not MaxText's worst-case ragged buffers)."""
+    return replace(m, capacity_factor=1.0) if m.is_moe and m.capacity_factor == 0 else m
 
 
 def tpu_job(plan: Plan, seq_len: int, scan: bool = True) -> Job:
@@ -412,7 +419,7 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
         how = f"unrolled, extrapolated from {a.layers} and {b.layers} layers to {m_full.n_layers}"
 
     chip = load_hardware(t.hardware)
-    cost = estimate(m_full, chip, job, plan, t.chips)
+    cost = estimate(routed_as_compiled(m_full), chip, job, plan, t.chips)
     extra = flash_flops_adjustment(m_full, job, plan, block)
     res.predicted = {"memory_bytes": cost.peak_memory_bytes, "breakdown": dict(cost.memory),
                      "flops": cost.hardware_flops_per_step / plan.chips + extra, "flops_adjustment": extra}
