@@ -99,9 +99,12 @@ fsdp 32 row does; the validator now shards them so too, and their gradients are 
 instead of all-reduced over ep); (2) its dropless routing sizes the ragged all-to-all's receive buffer, and with it
 the experts' inputs and outputs, for the worst case, min(ep, experts / top_k) = 4 times the balanced rows
 (bf16[32768, 14336] operands in the buffer assignment; costmodel.memory.routed_buffer_factor): the ep row went
-from -18.5% to -12.0%. Left: MaxText keeps the bf16 expert weights a second time in a transposed tiling
-(3 x 0.94 GB), and the validator's MoE step (capacity-1 routing by gather) holds 2-4 GB more than the cost model's
-working set; both under-predict, the unsafe side for "does it fit".
+from -18.5% to -12.0%. Left (MaxText's entry live ranges at its peak): the backward layer loop carries a second
+fp32 copy of the expert gradient stacks (3 x 1.88 GB in the loop's tuple; the cost model's loop rule counts a
+second checkpoint stack, 1.07 GB, as on dense full-remat plans, and the fsdp 32 row holds no such copy), and the
+bf16 expert weights sit a second time in a transposed tiling (3 x 0.94 GB); the validator's MoE step
+(capacity-1 routing by gather) holds 2-4 GB more than the cost model's working set. Both under-predict, the
+unsafe side for "does it fit".
 XLA:TPU's memory_analysis() reports 2.5-6.2 GB more temp than the buffer assignment it dumps (sum of
 *buffer-assignment.txt allocations, e.g. 32.57 vs 38.76 GB on MaxText's ep row, 38.17 vs 43.01 GB on llama3-8b
 fsdp 4 full); the loop rules above were read off memory_analysis() and absorb that difference.

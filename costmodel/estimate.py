@@ -252,8 +252,11 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         # One layer's weights on this chip before sharding: the routed experts are gathered over their own
         # group (MaxText: not over ep, which splits them by expert; nothing to gather when fsdp = 1).
         elinks = [links[a] for a in weight_shard_degrees(job, plan, experts=True)]
-        e_elems = mem.layer_expert_elems if math.prod(lk.size for lk in elinks) > 1 else 0.0
-        parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
+        if elinks == wlinks:  # one group for all of them (no expert axis among the weight-sharded ones)
+            parts = ((wlinks, mem.layer_weight_elems), (wlinks, 0.0))
+        else:
+            e_elems = mem.layer_expert_elems if math.prod(lk.size for lk in elinks) > 1 else 0.0
+            parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
         wbytes = sum(n for _, n in parts) * BF16
         gbytes = sum(n for _, n in parts) * mem.grad_reduce_bytes
         flat = job.framework == "deepspeed"

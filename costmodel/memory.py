@@ -131,6 +131,8 @@ class MemoryTerms:
     grad_elems_for_reduce: float  # gradient elements this chip contributes to the dp reduction (before ZeRO-2 split)
     layer_weight_elems: float  # one layer's weights on this chip before fsdp sharding (the gathered size)
     layer_expert_elems: float  # the routed experts' share of layer_weight_elems (sharded over fsdp, not ep)
+    loop_grad_bytes: float  # fp32 layer gradients on this chip when MaxText's scanned layer loop applies, else 0
+    # (the gradient stack of xla_loop_extra_bytes; the `loop_buffers` breakdown entry is that function's value)
     non_expert_param_elems: float  # parameters on this chip outside the routed experts (replicated over ep
     # unless the framework shards them over it: weight_shard_degrees)
     offload_bytes_per_layer: float  # activations moved to host per layer per micro-step
@@ -250,11 +252,13 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         none_all = max(none_all, (sum(el.values()) + extra) * tokens * BF16)
     inflight = pipeline_inflight(job, plan, accum)
     act_saved = saved * layers_stage * inflight
+    loop_buffers, layer_grads = 0.0, 0.0
     # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)
-    if job.framework == "maxtext" and job.scan_layers and plan.pp == 1 and plan.remat.count("remat") > 0:
-        only_input = plan.remat.count("device") == 1 and choices["layer_input"] == "device"
+    if job.framework == "maxtext" and job.scan_layers and plan.pp == 1:
         layer_grads = grad_params * 4 * body / (body + emb)
-        act_saved += xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
+        if plan.remat.count("remat") > 0:
+            only_input = plan.remat.count("device") == 1 and choices["layer_input"] == "device"
+            loop_buffers = xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
     # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
     act_working = none_all
     # Logits and loss (vocab-sharded by tp, on the last stage). PyTorch stacks: bf16 logits plus their fp32
@@ -286,6 +290,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         "gradients": grads,
         "optimizer": optimizer,
         "activations": acts,
+        "loop_buffers": loop_buffers,
         "activation_working": act_working,
         "logits": logits_counted,
         "collective_buffers": coll,
@@ -299,7 +304,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         convention=job.framework + (" (bf16 weights)" if job.weight_dtype == "bfloat16" else ""),
         param_bytes=w_b, grad_reduce_bytes=reduce_b, grad_bytes=g_b, adam_bytes_per_param=adam_b,
         param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
-        layer_weight_elems=layer_w, layer_expert_elems=layer_experts,
+        layer_weight_elems=layer_w, layer_expert_elems=layer_experts, loop_grad_bytes=layer_grads,
         non_expert_param_elems=params - experts / expert_shards,
         offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
         host_bytes=host, breakdown=breakdown)

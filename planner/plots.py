@@ -21,7 +21,8 @@ COLORS = {"compute": "#4C72B0", "recompute": "#8172B2", "memory_bound": "#64B5CD
           "optimizer": "#937860", "offload": "#DA8BC3", "overhead": "#8C8C8C"}
 COMM_COLOR = "#DD8452"
 MEMORY_COLORS = {"weights": "#4C72B0", "gradients": "#55A868", "optimizer": "#937860", "activations": "#8172B2",
-                 "activation_working": "#B3A2D9", "logits": "#64B5CD", "collective_buffers": "#DD8452"}
+                 "loop_buffers": "#A68BC7", "activation_working": "#B3A2D9", "logits": "#64B5CD",
+                 "collective_buffers": "#DD8452"}
 
 
 def check_figure_path(path: str | Path, flag: str = "--plot") -> Path:

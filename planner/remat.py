@@ -11,9 +11,12 @@ How (identical layers share one decision, so there are only 6 tensors + 2 switch
                                                                               hidden behind backward + recompute)
             + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
                                                                               each layer's forward / backward)
-     HBM   = R0 + w_o*o + w_p*p + act(KS),  KS = B + xi*NR + sum_t (b_t if NR else a_t) * D_t
+     HBM   = R0 + w_o*o + w_p*p + act(KS) + loop,  KS = B + xi*NR + sum_t (b_t if NR else a_t) * D_t
              act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage;
              MaxText: inflight*KS + logits, every stage runs the same program)
+             loop = MaxText's scanned-layer buffers (costmodel.memory.xla_loop_extra_bytes): with something
+             recomputed, KS itself when only the layer input is kept, else min(KS, G), plus min(KS, G) under tp
+             (G: the fp32 layer gradients on the chip); exact in CP-SAT through big-M links
      host  = sum_t eta_t*O_t + h_o*o + h_p*p
    R/D/O_t: tensor t recomputed / kept / offloaded; A: any tensor whose remat reruns an op (memory-bound ops
    then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too, and
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field
 from costmodel.cost import Cost
 from costmodel.estimate import estimate, stage_times
 from costmodel.job import Job
-from costmodel.memory import maxtext_pipeline, pipeline_inflight
+from costmodel.memory import maxtext_pipeline, memory_terms, pipeline_inflight
 from costmodel.model import ModelSpec
 from costmodel.plan import CHOICES, REMAT_POLICIES, TENSORS, Remat
 from hardware.chip import Chip
@@ -162,6 +165,11 @@ class Surrogate:
     logits: float = 0.0
     inflight: float = 1.0
     same_stages: bool = False  # pp > 1 under MaxText: every stage holds inflight * KS + logits (no first/last)
+    # MaxText's scanned layer loop (costmodel.memory.xla_loop_extra_bytes), exact: with something recomputed,
+    # one more buffer of S (the kept tensors' stack, sum_t a_t*D_t) when only the layer input is kept, else of
+    # min(S, G); under tp a further min(S, G). G: the fp32 layer gradients on this chip (0: no scanned loop).
+    loop_G: float = 0.0
+    loop_tp: bool = False
     eta: dict[str, float] = field(default_factory=dict)
     h_o: float = 0.0
     h_p: float = 0.0
@@ -185,8 +193,17 @@ class Surrogate:
         coef = self.b if nr else self.a
         return self.B + self.xi * nr + sum(coef[t] for t in TENSORS if c[t] == "device")
 
+    def loop(self, ch: Choice) -> float:
+        c = ch.remat.choices()
+        if not self.loop_G or not any(c[t] == "remat" for t in TENSORS):
+            return 0.0
+        stack = self.B + sum(self.a[t] for t in TENSORS if c[t] == "device")
+        low = min(stack, self.loop_G)
+        only_input = [t for t in TENSORS if c[t] == "device"] == ["layer_input"]
+        return (stack if only_input else low) + (low if self.loop_tp else 0.0)
+
     def hbm(self, ch: Choice) -> float:
-        rest = self.R0 + self.w_o * ch.offload_optimizer + self.w_p * ch.offload_params
+        rest = self.R0 + self.w_o * ch.offload_optimizer + self.w_p * ch.offload_params + self.loop(ch)
         ks = self.ks(ch)
         if self.mesh.pp == 1 or self.same_stages:
             return rest + self.inflight * ks + self.logits
@@ -263,7 +280,7 @@ class Surrogate:
                 P.add([(y, 1), (D[t], -1)], ub=0)
                 P.add([(y, 1), (nr, -1), (D[t], -1)], lb=-1)
                 ks.append((y, round(self.b[t]) - round(self.a[t])))
-        rest = [(o, round(self.w_o)), (p, round(self.w_p))]
+        rest = [(o, round(self.w_o)), (p, round(self.w_p))] + self._loop_terms(P, D, nr)
         cap = math.floor(self.usable_hbm - self.R0 - self.B)
         if self.mesh.pp == 1:
             P.add(rest + ks, ub=math.floor(cap - self.logits))
@@ -279,6 +296,31 @@ class Surrogate:
         penalty = [(Off[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
         P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty, offset=TIE_WEIGHT * ns(self.L0))
         return P, x, o, p
+
+
+    def _loop_terms(self, P: Program, D: dict[str, int], nr: int) -> list[tuple[int, int]]:
+        """Memory terms of the scanned-loop buffers (loop()), exact through big-M links: E1 >= S when only the
+        layer input is kept (z), else E1 >= min(S, G) (w picks the smaller); E2 >= min(S, G) under tp; both
+        0 when nothing is recomputed (nr). The memory constraint only bounds them from above, so the solver
+        never sets them higher than needed."""
+        if not self.loop_G:
+            return []
+        S = [(D[t], round(self.a[t])) for t in TENSORS]  # S = B + sum(S)
+        B, G = round(self.B), round(self.loop_G)
+        M = B + sum(max(c, 0) for _, c in S) + G + 1
+        z, w = P.bool(), P.bool()
+        # z = 1 whenever the layer input is the only tensor kept and something is recomputed
+        P.add([(z, 1), (D["layer_input"], -1), (nr, 1)] + [(D[t], 1) for t in TENSORS if t != "layer_input"], lb=0)
+        out = []
+        for relax_z in (True, False) if self.loop_tp else (True,):
+            e = P.int(0, M)
+            zr = [(z, M)] if relax_z else []
+            if relax_z:  # only the layer input kept: E1 >= S
+                P.add([(e, 1)] + [(v, -c) for v, c in S] + [(z, -M), (nr, M)], lb=B - M)
+            P.add([(e, 1)] + [(v, -c) for v, c in S] + [(w, M), (nr, M)] + zr, lb=B)  # E >= S unless w
+            P.add([(e, 1), (w, -M), (nr, M)] + zr, lb=G - M)  # E >= G if w
+            out.append((e, 1))
+        return out
 
 
 # ---- probing ----------------------------------------------------------------------------------------------
@@ -337,7 +379,10 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
         return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations")
 
     def rest(c: Cost) -> float:
-        return c.peak_memory_bytes - _act(c)
+        return c.peak_memory_bytes - _act(c) - c.memory.get("loop_buffers", 0.0)
+
+    s.loop_G = memory_terms(m, chip, job, mesh.plan(), c0.grad_accum).loop_grad_bytes
+    s.loop_tp = mesh.tp > 1
 
     # ---- per-mesh terms: communication and model state ----
     s.L0 = lin(c0)
@@ -508,5 +553,12 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
         decision = [v for v in x.values()] + [o, p]
         ones = [v for v in decision if vals[v]]
         prog.add([(v, -1) for v in ones] + [(v, 1) for v in decision if not vals[v]], lb=1 - len(ones))
+    if best is None and c_min.fits:
+        # The least-memory assignment fits, so no fitting answer means the surrogate misled the solver on this
+        # mesh: settle it by brute force rather than drop a feasible mesh.
+        r = brute_force(m, chip, job, mesh, cons)
+        r.estimates += n_est
+        r.resolves = resolves
+        return r
     return MeshResult(mesh, best[0] if best else None, best[1] if best else None, c_min.peak_memory_bytes, n_est,
                       False, resolves)
