@@ -6,7 +6,9 @@ How (identical layers share one decision, so there are only 6 tensors + 2 switch
 1. Probe the cost model (costmodel.estimate) at 15 plans: nothing recomputed ('none'), each recomputable tensor
    alone set to remat, each tensor alone offloaded, optimizer offload, parameter offload, and 'full'.
 2. Read the coefficients of a surrogate off those probes. The surrogate has the cost model's structure:
-     time = L0 + sum_t lam_t*R_t + eps*A + k_o*o + k_p*p                      (linear part)
+     time = L0 + sum_t lam_t*R_t + eps*A + kappa*(1-NR) + k_o*o + k_p*p      (linear part; kappa: what
+                                                                              any remat adds, e.g. MaxText's
+                                                                              sequence-parallel re-gather)
             + max(0, g0 - overlap * sum_t rho_t*R_t)                         (fsdp gradient reduce-scatter
                                                                               hidden behind backward + recompute)
             + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
@@ -146,6 +148,7 @@ class Surrogate:
     L0: float = 0.0
     lam: dict[str, float] = field(default_factory=dict)
     eps: float = 0.0
+    kappa: float = 0.0  # time that appears once anything is recomputed (MaxText: the sequence-parallel re-gather)
     trig: tuple[str, ...] = ()
     k_o: float = 0.0
     k_p: float = 0.0
@@ -185,6 +188,7 @@ class Surrogate:
             + self.k_p * ch.offload_params + (self.eps if any(rem[t] for t in self.trig) else 0.0)
         rec = sum(self.rho.get(t, 0.0) for t in TENSORS if rem[t])
         off = sum(self.n_tau.get(t, 0.0) for t in TENSORS if c[t] == "offload")
+        lin += self.kappa if any(rem.values()) else 0.0
         return lin + max(0.0, self.g0 - self.nu * rec) + sum(max(0.0, off - nc) for nc in self.n_c)
 
     def ks(self, ch: Choice) -> float:
@@ -271,6 +275,8 @@ class Surrogate:
         for t in RECOMPUTABLE:
             P.add([(nr, 1), (R[t], 1)], ub=1)
         P.add([(nr, 1)] + [(R[t], 1) for t in RECOMPUTABLE], lb=1)
+        if self.kappa:  # kappa * (1 - NR)
+            obj.append((nr, -ns(self.kappa)))
         ks = [(nr, round(self.xi))]
         for t in TENSORS:
             ks.append((D[t], round(self.a[t])))
@@ -294,7 +300,7 @@ class Surrogate:
         P.add([(Off[t], round(self.eta[t])) for t in TENSORS] + [(o, round(self.h_o)), (p, round(self.h_p))],
               ub=math.floor(self.host_cap))
         penalty = [(Off[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
-        P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty, offset=TIE_WEIGHT * ns(self.L0))
+        P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty, offset=TIE_WEIGHT * (ns(self.L0) + ns(self.kappa)))
         return P, x, o, p
 
 
@@ -375,8 +381,11 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     c_o = run(_choice(NONE, o=True)) if cons.offload_optimizer is not False else c0
     c_p = run(_choice(NONE, p=True)) if cons.offload_params is not False else c0
 
+    def regather(c: Cost) -> float:  # MaxText re-gathers the sequence-parallel inputs only under remat
+        return exposed(c, "tp", "sequence-parallel re-gather") - exposed(c0, "tp", "sequence-parallel re-gather")
+
     def lin(c: Cost) -> float:
-        return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations")
+        return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations") - regather(c)
 
     def rest(c: Cost) -> float:
         return c.peak_memory_bytes - _act(c) - c.memory.get("loop_buffers", 0.0)
@@ -394,7 +403,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
 
     if template is not None:
-        for name in ("lam", "eps", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi", "logits", "inflight",
+        for name in ("lam", "eps", "kappa", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi", "logits", "inflight",
                      "same_stages", "eta"):
             setattr(s, name, getattr(template, name))
         run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
@@ -413,6 +422,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     pr = {t: run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
     po = {t: run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
     c_full = run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
+    s.kappa = regather(c_full)
     s.rho = {t: pr[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
     s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
     dl = {t: lin(pr[t]) - s.L0 for t in RECOMPUTABLE}
