@@ -6,9 +6,12 @@ How (identical layers share one decision, so there are only 6 tensors + 2 switch
 1. Probe the cost model (costmodel.estimate) at 15 plans: nothing recomputed ('none'), each recomputable tensor
    alone set to remat, each tensor alone offloaded, optimizer offload, parameter offload, and 'full'.
 2. Read the coefficients of a surrogate off those probes. The surrogate has the cost model's structure:
-     time = L0 + sum_t lam_t*R_t + eps*A + kappa*(1-NR) + k_o*o + k_p*p      (linear part; kappa: what
-                                                                              any remat adds, e.g. MaxText's
-                                                                              sequence-parallel re-gather)
+     time = L0 + sum_t lam_t*R_t + eps*A + kappa*(1-NR) + mu*Y + k_o*o + k_p*p   (linear part; kappa:
+                                                                              what any remat adds, e.g. MaxText's
+                                                                              sequence-parallel re-gather; Y =
+                                                                              R_mlp_in*R_mlp_out: a MoE layer's
+                                                                              expert output reruns only with its
+                                                                              input; rho_mu*Y joins the recompute)
             + max(0, g0 - overlap * sum_t rho_t*R_t)                         (fsdp gradient reduce-scatter
                                                                               hidden behind backward + recompute)
             + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
@@ -149,6 +152,8 @@ class Surrogate:
     lam: dict[str, float] = field(default_factory=dict)
     eps: float = 0.0
     kappa: float = 0.0  # time that appears once anything is recomputed (MaxText: the sequence-parallel re-gather)
+    mu: float = 0.0  # time when the MLP input and output are both recomputed, beyond each alone (a MoE layer's
+    rho_mu: float = 0.0  # expert output matmul reruns only then), and its recompute share
     trig: tuple[str, ...] = ()
     k_o: float = 0.0
     k_p: float = 0.0
@@ -189,6 +194,8 @@ class Surrogate:
         rec = sum(self.rho.get(t, 0.0) for t in TENSORS if rem[t])
         off = sum(self.n_tau.get(t, 0.0) for t in TENSORS if c[t] == "offload")
         lin += self.kappa if any(rem.values()) else 0.0
+        if rem["mlp_in"] and rem["mlp_out"]:
+            lin, rec = lin + self.mu, rec + self.rho_mu
         return lin + max(0.0, self.g0 - self.nu * rec) + sum(max(0.0, off - nc) for nc in self.n_c)
 
     def ks(self, ch: Choice) -> float:
@@ -260,9 +267,18 @@ class Surrogate:
                 P.add([(a, 1), (R[t], -1)], lb=0)
             P.add([(a, 1)] + [(R[t], -1) for t in self.trig], ub=0)
             obj.append((a, ns(self.eps)))
+        pair: list[tuple[int, int]] = []
+        if self.mu or self.rho_mu:  # Y = R[mlp_in] and R[mlp_out] (exact links)
+            y = P.bool()
+            P.add([(y, 1), (R["mlp_in"], -1)], ub=0)
+            P.add([(y, 1), (R["mlp_out"], -1)], ub=0)
+            P.add([(y, 1), (R["mlp_in"], -1), (R["mlp_out"], -1)], lb=-1)
+            obj.append((y, ns(self.mu)))
+            pair = [(y, ns(self.nu * self.rho_mu))]
         if self.g0 > 0:  # g >= g0 - nu * recompute
             g = P.int(0, ns(self.g0))
-            P.add([(g, 1)] + [(R[t], ns(self.nu * self.rho.get(t, 0.0))) for t in RECOMPUTABLE], lb=ns(self.g0))
+            P.add([(g, 1)] + [(R[t], ns(self.nu * self.rho.get(t, 0.0))) for t in RECOMPUTABLE] + pair,
+                  lb=ns(self.g0))
             obj.append((g, 1))
         if any(self.n_tau.values()):
             top = ns(sum(self.n_tau.values()))
@@ -353,10 +369,10 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
           cons: Constraints | None = None) -> tuple[Surrogate, int]:
     """Build and check the surrogate for one mesh; returns it and the number of estimate() calls made.
 
-    From scratch: 15 calls, fewer when `base` (the 'none' probe) or `low` (layer input offloaded, the rest
-    recomputed) are given. With a `template` from a mesh of the same group (group_key), only the per-mesh state
-    terms are probed (optimizer and parameter offload) and the shared terms are checked at two more probes
-    ('full' and the largest tensor offloaded); a miss falls back to probing from scratch."""
+    From scratch: 15 calls (16 for MoE: the MLP pair), fewer when `base` (the 'none' probe) or `low` (layer input
+    offloaded, the rest recomputed) are given. With a `template` from a mesh of the same group (group_key), only
+    the per-mesh state terms are probed (optimizer and parameter offload) and the shared terms are checked at two
+    more probes ('full' and the largest tensor offloaded); a miss falls back to probing from scratch."""
     cons = (cons or Constraints()).for_mesh(m, chip, job, mesh)
     ev: dict[Choice, Cost] = {}
     if low is not None:
@@ -403,8 +419,8 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
 
     if template is not None:
-        for name in ("lam", "eps", "kappa", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi", "logits", "inflight",
-                     "same_stages", "eta"):
+        for name in ("lam", "eps", "kappa", "mu", "rho_mu", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi",
+                     "logits", "inflight", "same_stages", "eta"):
             setattr(s, name, getattr(template, name))
         run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
         run(_choice(NONE, mlp_in="offload"))
@@ -426,8 +442,14 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.rho = {t: pr[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
     s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
     dl = {t: lin(pr[t]) - s.L0 for t in RECOMPUTABLE}
+    if m.is_moe and "mlp_out" not in s.trig:
+        # mlp_out alone recomputes nothing (MaxText), but a MoE layer reruns its expert output matmul with the
+        # expert input (costmodel.estimate: recomputed ops): the pair's own term
+        c_pair = run(_choice(NONE, mlp_in="remat", mlp_out="remat"))
+        s.mu = lin(c_pair) - s.L0 - dl["mlp_in"] - dl["mlp_out"]
+        s.rho_mu = c_pair.time.get("recompute", 0.0) - s.rho["mlp_in"] - s.rho["mlp_out"]
     if len(s.trig) >= 2:
-        s.eps = (sum(dl.values()) - (lin(c_full) - s.L0)) / (len(s.trig) - 1)
+        s.eps = (sum(dl.values()) - (lin(c_full) - s.L0 - s.mu)) / (len(s.trig) - 1)
     s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
     if s.g0 > 0 and s.trig:  # how fast recompute hides the gradient reduce-scatter, read off the smallest probe
         t_min = min(s.trig, key=lambda t: s.rho[t])
