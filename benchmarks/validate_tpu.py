@@ -92,19 +92,16 @@ bf16 copy plus a second stack come to a similar total (-2.7%). Under tp (llama3-
 (1.75 GB each) and one checkpoint stack.
 MoE (mixtral-8x7b, top-2 of 8, v5p 2x4x4, added after the rules above; `--target` now compiles MoE models whose
 layers are all alike): FLOPs within 0.1% and state exact; memory -8.8% (fsdp 32) and -12.3% (fsdp 8 x ep 4)
-against the validator's step, -3.0% and -12.0% against MaxText's. Two cost-model changes came from these compiles,
-both read off MaxText's source: (1) its `embed` sharding rule lists the `expert` axis, so ep shards the non-expert
-weights like fsdp (they had been counted replicated over ep: MaxText's ep row holds 17.52 GB of state, as the
-fsdp 32 row does; the validator now shards them so too, and their gradients are reduce-scattered with the layer
-instead of all-reduced over ep); (2) its dropless routing sizes the ragged all-to-all's receive buffer, and with it
-the experts' inputs and outputs, for the worst case, min(ep, experts / top_k) = 4 times the balanced rows
-(bf16[32768, 14336] operands in the buffer assignment; costmodel.memory.routed_buffer_factor): the ep row went
-from -18.5% to -12.0%. Left (MaxText's entry live ranges at its peak): the backward layer loop carries a second
-fp32 copy of the expert gradient stacks (3 x 1.88 GB in the loop's tuple; the cost model's loop rule counts a
-second checkpoint stack, 1.07 GB, as on dense full-remat plans, and the fsdp 32 row holds no such copy), and the
-bf16 expert weights sit a second time in a transposed tiling (3 x 0.94 GB); the validator's MoE step
-(capacity-1 routing by gather) holds 2-4 GB more than the cost model's working set. Both under-predict, the
-unsafe side for "does it fit".
+against the validator's step, -3.0% and -4.7% against MaxText's. Three cost-model changes came from MaxText's
+source and compiles (ep 2, 4 and 8, benchmarks/maxtext_memory/NOTES.md, "Expert parallelism"): (1) its `embed`
+sharding rule lists the `expert` axis, so ep shards the non-expert weights like fsdp (they had been counted
+replicated over ep; the validator now shards them so too, and their gradients are reduce-scattered with the
+layer instead of all-reduced over ep); (2) its dropless routing sizes the ragged all-to-all's receive buffer, and
+with it the experts' operands, for the worst case, min(ep, experts / top_k) times the balanced rows
+(costmodel.memory.routed_buffer_factor); (3) the grouped matmuls' backward holds the gradients of the experts'
+intermediates beside them at that size. The ep row went from -18.5% (1 alone) to -12.0% (1, 2) to -4.7%.
+The validator's MoE step routes with capacity 1 (no ragged buffer, so (2) and (3) are not in its prediction) and
+holds 2-4 GB more than the cost model's working set: -8.8% and -12.3%, the unsafe side.
 XLA:TPU's memory_analysis() reports 2.5-6.2 GB more temp than the buffer assignment it dumps (sum of
 *buffer-assignment.txt allocations, e.g. 32.57 vs 38.76 GB on MaxText's ep row, 38.17 vs 43.01 GB on llama3-8b
 fsdp 4 full); the loop rules above were read off memory_analysis() and absorb that difference.

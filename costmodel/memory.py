@@ -54,6 +54,11 @@ def routed_buffer_factor(m: ModelSpec, job: Job, plan: Plan) -> float:
     return 1.0
 
 
+def extra_mlp_act(m: ModelSpec, plan: Plan, buffer: float) -> float:
+    """Elements per token of a MoE layer's expert activation output (ffn x routed rows, split over tp)."""
+    return m.moe_ffn_dim * (m.experts_per_token * buffer + m.n_shared_experts) / plan.tp
+
+
 def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: float = 1.0) -> dict[str, float]:
     """Elements per token on one chip of each remat tensor of a layer (MoE: tokens routed to k experts; buffer:
     routed_buffer_factor)."""
@@ -249,7 +254,13 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
             dev += extra - (el["mlp_out"] if choices["mlp_out"] == "device" else 0.0)
         saved += frac * dev * tokens * BF16
         offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
-        none_all = max(none_all, (sum(el.values()) + extra) * tokens * BF16)
+        # MaxText's ragged (dropless, ep) experts run as grouped matmuls whose backward holds the gradients of the
+        # experts' intermediates (the two input projections and the activation) beside them, at the buffer's
+        # worst-case size: five bf16[32768, 14336] operands in the Mixtral ep 4 buffer assignment; read off the
+        # ep 2, 4 and 8 compiles (benchmarks/maxtext_memory/NOTES.md, "Expert parallelism": -6.5/-12.0/-11.2 %
+        # without this term, -2.6/-4.7/-3.8 % with it). Not counted for capacity-based routing (buffer 1).
+        grouped = el["mlp_in"] + extra_mlp_act(m, plan, buf) if buf > 1 else 0.0
+        none_all = max(none_all, (sum(el.values()) + extra + grouped) * tokens * BF16)
     inflight = pipeline_inflight(job, plan, accum)
     act_saved = saved * layers_stage * inflight
     loop_buffers, layer_grads = 0.0, 0.0

@@ -143,6 +143,10 @@ CONFIGS: list[Config] = [
     # expert parallelism (the validator's MoE TPU plan, benchmarks/validate_tpu.py)
     Config("mixtral-8x7b_v5p64_b1_s4096_full_ep4", "mixtral-8x7b", "v5p-64", 1, 4096, "full",
            extra={"ici_expert_parallelism": 4}),
+    Config("mixtral-8x7b_v5p64_b1_s4096_full_ep2", "mixtral-8x7b", "v5p-64", 1, 4096, "full",
+           extra={"ici_expert_parallelism": 2}),
+    Config("mixtral-8x7b_v5p64_b1_s4096_full_ep8", "mixtral-8x7b", "v5p-64", 1, 4096, "full",
+           extra={"ici_expert_parallelism": 8}),
 ]
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
