@@ -244,8 +244,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
             out.append(_coll("tp", "all-gather", "sequence-parallel re-gather", n_sp, nbytes, t_ag,
                              exposed_sp * layers * layer_steps, links["tp"].level))
 
-    # Weight-sharded axes (fsdp, plus dp under ZeRO-3): all-gather bf16 weights per layer forward and again in
-    # backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
+    # Weight-sharded axes (fsdp; dp under ZeRO-3; cp and ep under MaxText): all-gather bf16 weights per layer
+    # forward and again in backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
     wlinks = [links[a] for a in weight_shard_degrees(job, plan)]
     wshards = math.prod(lk.size for lk in wlinks)
     if wshards > 1:
@@ -253,7 +253,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         # group (MaxText: not over ep, which splits them by expert; nothing to gather when fsdp = 1).
         elinks = [links[a] for a in weight_shard_degrees(job, plan, experts=True)]
         if elinks == wlinks:  # one group for all of them (no expert axis among the weight-sharded ones)
-            parts = ((wlinks, mem.layer_weight_elems), (wlinks, 0.0))
+            parts = ((wlinks, mem.layer_weight_elems),)
         else:
             e_elems = mem.layer_expert_elems if math.prod(lk.size for lk in elinks) > 1 else 0.0
             parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
