@@ -73,7 +73,6 @@ def validate(
     """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model."""
     from costmodel.catalog import load_model
     from hardware.catalog import load_hardware
-    from planner.validate.plans import PLAN_SETS
     from planner.validate.scale import Scale, check_devices, scale_down
 
     o.positive("--devices", devices)
@@ -88,9 +87,7 @@ def validate(
 
         local_devices = check_args(coordinator, num_processes, process_id, devices)
     if plan_set:
-        if plan_set not in PLAN_SETS:
-            raise InputError(f"--set: unknown plan set {plan_set!r}; expected one of {', '.join(PLAN_SETS)}")
-        runs = [(name, load_model(mname), plan) for name, mname, plan in PLAN_SETS[plan_set]]
+        runs = plan_set_runs(plan_set)
     else:
         if plan_file:
             from planner.planfile import load_plan
@@ -176,19 +173,25 @@ def run_validation(runs: list, chip, hardware: str, scale, devices: int, *, loca
         sys.exit(1)
 
 
+def plan_set_runs(plan_set: str) -> list:
+    """(name, full model, plan) of each plan in a named set (planner.validate.plans.PLAN_SETS)."""
+    from costmodel.catalog import load_model
+    from planner.validate.plans import PLAN_SETS
+
+    if plan_set not in PLAN_SETS:
+        raise InputError(f"--set: unknown plan set {plan_set!r}; expected one of {', '.join(PLAN_SETS)}")
+    return [(name, load_model(mname), plan) for name, mname, plan in PLAN_SETS[plan_set]]
+
+
 def calibrate_on_devices(hardware: str, out: str, plan_set: str, devices: int, steps: int, scale,
                          fast_compile: bool, as_json: bool) -> None:
     """`planner calibrate --hardware H --out FILE`: run a named plan set on the JAX devices, fit the profile's
     efficiencies to the measured step times and write the calibrated profile to FILE."""
-    from costmodel.catalog import load_model
     from hardware.catalog import load_hardware
-    from planner.validate.plans import PLAN_SETS
     from planner.validate.scale import check_devices
 
     chip = load_hardware(hardware)
-    if plan_set not in PLAN_SETS:
-        raise InputError(f"--set: unknown plan set {plan_set!r}; expected one of {', '.join(PLAN_SETS)}")
-    runs = [(name, load_model(mname), plan) for name, mname, plan in PLAN_SETS[plan_set]]
+    runs = plan_set_runs(plan_set)
     for _, _, plan in runs:  # before jax starts: one line saying what to change
         check_devices(plan, devices)
     run_validation(runs, chip, hardware, scale, devices, steps=steps, calibrate_out=out, fast_compile=fast_compile,

@@ -246,7 +246,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
 
     # Weight-sharded axes (fsdp; dp under ZeRO-3; cp and ep under MaxText): all-gather bf16 weights per layer
     # forward and again in backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
-    wlinks = [links[a] for a in weight_shard_degrees(job, plan)]
+    wdegrees = weight_shard_degrees(job, plan)
+    wlinks = [links[a] for a in wdegrees]
     wshards = math.prod(lk.size for lk in wlinks)
     if wshards > 1:
         # One layer's weights on this chip before sharding: the routed experts are gathered over their own
@@ -303,12 +304,12 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     # Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
     # gradients are reduced over dp x ep in one collective, the experts' over dp alone.
     # (MaxText shards them over ep instead, with the weight-sharded axes above: nothing left to all-reduce.)
-    moe_ep = plan.ep > 1 and m.n_moe_layers > 0 and "ep" not in weight_shard_degrees(job, plan)
+    moe_ep = plan.ep > 1 and m.n_moe_layers > 0 and "ep" not in wdegrees
     # MaxText with pp: the embedding tables sit on every stage and see every stage's share of the batch, so their
     # gradients are reduced over dp x pp in one collective (the stage weights' over dp alone).
     pp_tables = 0.0
     if maxtext_pipeline(job, plan):
-        pp_tables = m.embedding_params() / plan.tp / math.prod(weight_shard_degrees(job, plan).values())
+        pp_tables = m.embedding_params() / plan.tp / math.prod(wdegrees.values())
     shared = mem.non_expert_param_elems - pp_tables if moe_ep else 0.0
     if plan.dp > 1 and plan.zero < 3:
         gbytes = (mem.grad_elems_for_reduce - shared - pp_tables) * mem.grad_reduce_bytes

@@ -54,8 +54,11 @@ def routed_buffer_factor(m: ModelSpec, job: Job, plan: Plan) -> float:
     return 1.0
 
 
-def extra_mlp_act(m: ModelSpec, plan: Plan, buffer: float) -> float:
-    """Elements per token of a MoE layer's expert activation output (ffn x routed rows, split over tp)."""
+def mlp_act_elems(m: ModelSpec, plan: Plan, moe: bool, buffer: float = 1.0) -> float:
+    """Elements per token on one chip of a layer's MLP activation output: ffn wide, split over tp; in a MoE layer
+    one row per routed copy (k, times the routed_buffer_factor) and per shared expert."""
+    if not moe:
+        return m.ffn_dim / plan.tp
     return m.moe_ffn_dim * (m.experts_per_token * buffer + m.n_shared_experts) / plan.tp
 
 
@@ -63,13 +66,12 @@ def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: float = 
     """Elements per token on one chip of each remat tensor of a layer (MoE: tokens routed to k experts; buffer:
     routed_buffer_factor)."""
     sp = plan.tp if plan.sequence_parallel else 1
-    ffn, k = (m.moe_ffn_dim, m.experts_per_token * buffer + m.n_shared_experts) if moe else (m.ffn_dim, 1)
     return {
         "layer_input": m.d_model / sp,
         "qkv_proj": (m.q_dim + 2 * m.kv_dim) / plan.tp,
         "context": m.attn_out_dim / plan.tp,
         "out_proj": m.d_model / sp,
-        "mlp_in": (2 if m.gated_mlp else 1) * ffn * k / plan.tp,
+        "mlp_in": (2 if m.gated_mlp else 1) * mlp_act_elems(m, plan, moe, buffer),
         "mlp_out": m.d_model / sp,
     }
 
@@ -80,9 +82,8 @@ def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: flo
     experts' outputs before the weighted combine (for the gate gradient): k x capacity rows of d each, not split
     over tp (the routed tokens are replicated over tp); buffer: routed_buffer_factor."""
     sp = plan.tp if plan.sequence_parallel else 1
-    ffn, k = (m.moe_ffn_dim, m.experts_per_token * buffer + m.n_shared_experts) if moe else (m.ffn_dim, 1)
     routed = 2 * (m.routed_rows_per_token + m.experts_per_token * (buffer - 1)) * m.d_model if moe else 0.0
-    return 2 * m.d_model / sp + ffn * k / plan.tp + routed
+    return 2 * m.d_model / sp + mlp_act_elems(m, plan, moe, buffer) + routed
 
 
 def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer_input: bool, tp: int) -> float:
@@ -259,7 +260,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         # worst-case size: five bf16[32768, 14336] operands in the Mixtral ep 4 buffer assignment; read off the
         # ep 2, 4 and 8 compiles (benchmarks/maxtext_memory/NOTES.md, "Expert parallelism": -6.5/-12.0/-11.2 %
         # without this term, -2.6/-4.7/-3.8 % with it). Not counted for capacity-based routing (buffer 1).
-        grouped = el["mlp_in"] + extra_mlp_act(m, plan, buf) if buf > 1 else 0.0
+        grouped = el["mlp_in"] + mlp_act_elems(m, plan, moe, buf) if buf > 1 else 0.0
         none_all = max(none_all, (sum(el.values()) + extra + grouped) * tokens * BF16)
     inflight = pipeline_inflight(job, plan, accum)
     act_saved = saved * layers_stage * inflight

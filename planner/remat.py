@@ -4,7 +4,8 @@ state and the master parameters live on the host, minimising step time subject t
 How (identical layers share one decision, so there are only 6 tensors + 2 switches):
 
 1. Probe the cost model (costmodel.estimate) at 15 plans: nothing recomputed ('none'), each recomputable tensor
-   alone set to remat, each tensor alone offloaded, optimizer offload, parameter offload, and 'full'.
+   alone set to remat, each tensor alone offloaded, optimizer offload, parameter offload, and 'full' (MoE: 16,
+   the MLP input and output recomputed together).
 2. Read the coefficients of a surrogate off those probes. The surrogate has the cost model's structure:
      time = L0 + sum_t lam_t*R_t + eps*A + kappa*(1-NR) + mu*Y + k_o*o + k_p*p   (linear part; kappa:
                                                                               what any remat adds, e.g. MaxText's
@@ -318,7 +319,6 @@ class Surrogate:
         penalty = [(Off[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
         P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty, offset=TIE_WEIGHT * (ns(self.L0) + ns(self.kappa)))
         return P, x, o, p
-
 
     def _loop_terms(self, P: Program, D: dict[str, int], nr: int) -> list[tuple[int, int]]:
         """Memory terms of the scanned-loop buffers (loop()), exact through big-M links: E1 >= S when only the
