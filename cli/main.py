@@ -12,12 +12,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Performance simulator and auto-parallel planner for LLM training.")
 
 
-def fail(message: str) -> None:
-    """Print a one-line error and exit with code 2."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def _register() -> None:
     """Attach the command groups (each module adds its commands to `app`)."""
     from cli import catalog_cmds, estimate_cmds, explore_cmds, goodput_cmds, plan_cmds, suggest_cmds, validate_cmds  # noqa: F401
@@ -26,7 +20,7 @@ def _register() -> None:
 def main() -> None:
     _register()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n in this mode
     except InputError as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)
@@ -46,3 +40,5 @@ def main() -> None:
             typer.echo(f"error: {e.format_message()}", err=True)
             sys.exit(2)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -221,7 +221,9 @@ def suggest(
         if note:
             typer.echo(f"note: {note}")
         print_suggestion(result)
-    if result.plans and (save or export):
+    if not result.plans:  # an answer, not bad input: printed in full, but scripts (--save, --export) must see it
+        raise typer.Exit(1)
+    if save or export:
         best = result.plans[0]
         if save:
             from planner.planfile import save_plan

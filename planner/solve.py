@@ -255,6 +255,14 @@ def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Con
         j = Job(job.seq_len // 2, job.global_batch * 2, job.precision, job.framework)
         if _any_fits(m, chip, j, chips, Constraints(max_tp=cons.max_tp)) is not None:
             tips.append(f"shorter sequences: --seq-len {j.seq_len} --global-batch {j.global_batch} (same tokens) fits")
+    for halvings in range(1, 11):  # MaxText's accumulation buffers and pipelines in flight grow with the batch
+        b = job.global_batch >> halvings
+        if b < 1:
+            break
+        j = Job(job.seq_len, b, job.precision, job.framework)
+        if _any_fits(m, chip, j, chips, Constraints(max_tp=cons.max_tp)) is not None:
+            tips.append(f"a smaller global batch: --global-batch {b} ({b * job.seq_len / 2**20:.2f}M tokens) fits")
+            break
     if cons.fixed or cons.remat is not None or cons.offload_optimizer is False or cons.offload_params is False:
         if _any_fits(m, chip, job, chips, Constraints(max_tp=cons.max_tp, slices=cons.slices)) is not None:
             tips.append(f"drop --fix {cons.describe()}: a plan fits without it")

@@ -251,6 +251,21 @@ def test_infeasible_job_is_explained():
     assert more > 64 and search(load_model("1T"), V5P, Job(4096, 1024), more).plans
 
 
+def test_infeasible_tip_smaller_global_batch_really_fits():
+    # Mixtral 8x7B on 8 H100 at 1024 sequences: MaxText accumulates 128 micro-batches (an fp32 accumulator and a
+    # parameter copy beside the gradients) or pipelines them (logits for the whole batch): nothing fits. The tip
+    # names the largest halved global batch that does, and a search at that batch finds a fitting plan.
+    mixtral = load_model("mixtral-8x7b")
+    s = search(mixtral, H100, Job(4096, 1024), 8)
+    assert not s.plans
+    tip = next(t for t in s.infeasible.suggestions if "smaller global batch" in t)
+    b = int(tip.split("--global-batch ")[1].split()[0])
+    assert b < 1024 and 1024 % b == 0
+    fits = search(mixtral, H100, Job(4096, b), 8, top=1)
+    assert fits.plans and fits.plans[0].cost.fits
+    assert not search(mixtral, H100, Job(4096, 2 * b), 8, top=1).plans  # and it is the largest such halving
+
+
 def test_batch_too_small_is_an_input_error():
     with pytest.raises(InputError, match="too small"):
         search(LLAMA7, H100, Job(4096, 4), 2048)  # one sequence spans at most tp8 * pp32 = 256 GPUs
@@ -274,14 +289,19 @@ def test_suggest_json_is_deterministic_and_complete():
     assert p["fits"] and p["rank"] == 1
 
 
-def test_suggest_tables_and_infeasible_exit_0():
+def test_suggest_tables_and_infeasible_exit_1(tmp_path):
     r = cli("--model", "llama2-7b", "--chips", "8", "--hardware", "a100-80gb", "--top", "2")
     assert r.returncode == 0 and "top 2 plans" in r.stdout and "step time breakdown" in r.stdout
     assert "why #1" in r.stdout
-    r = cli("--model", "1T", "--chips", "64", "--json")
-    assert r.returncode == 0
+    # Nothing fits: the full answer (reason, suggestions) still prints, but the exit code is 1 and no plan file
+    # is written, so that `suggest --save p.yaml && planner export p.yaml` stops here.
+    saved = tmp_path / "p.yaml"
+    r = cli("--model", "1T", "--chips", "64", "--json", "--save", str(saved))
+    assert r.returncode == 1 and not saved.exists()
     out = json.loads(r.stdout)
     assert out["plans"] == [] and out["infeasible"]["suggestions"]
+    r = cli("--model", "1T", "--chips", "64")
+    assert r.returncode == 1 and "no plan fits" in r.stdout and "GiB" in r.stdout
 
 
 @pytest.mark.parametrize("args,msg", [
