@@ -16,6 +16,8 @@ from hardware.chip import GIB, Chip, Efficiency
 from hardware.errors import InputError
 from hardware.yamlio import to_dict
 
+MIB = 2**20
+
 REPO = Path(__file__).resolve().parents[1]
 
 PRESETS = [
@@ -97,10 +99,11 @@ PINNED = [
     ("a100-80gb", "hbm_bw_Bps", 2.039e12),      # [GK-A100]
     ("h100-sxm", "peak_bf16_flops", 989e12),    # [HPCT-H100] dense
     ("h100-sxm", "peak_fp8_flops", 1979e12),    # [HPCT-H100] dense
-    ("h100-sxm", "hbm_bytes", 80e9),            # [HPCT-H100]
+    ("h100-sxm", "hbm_bytes", 81559 * MIB),     # [NVML-MEM] runtime figure (datasheet "80 GB")
     ("h100-sxm", "hbm_bw_Bps", 3.35e12),        # [HPCT-H100]
     ("h100-sxm", "power_w", 700.0),
-    ("h200", "hbm_bytes", 141e9),               # [SB-GPU][MLC-H200]
+    ("h200", "hbm_bytes", 143771 * MIB),        # [NVML-MEM] runtime figure (datasheet "141 GB")
+    ("a100-80gb", "hbm_bytes", 81920 * MIB),    # [NVML-MEM] runtime figure (datasheet "80 GB")
     ("h200", "hbm_bw_Bps", 4.8e12),             # [SB-GPU]
     ("b200", "peak_bf16_flops", 2250e12),       # [SB-GPU]
     ("b200", "peak_fp8_flops", 4500e12),        # [SB-GPU]
