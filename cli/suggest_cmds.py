@@ -53,7 +53,7 @@ def fates(plan) -> str:
     if host:
         parts.append("host " + ",".join(host))
     name = plan.remat.name if plan.remat.name != "custom" else ""
-    return (f"[{name}] " if name else "") + "; ".join(parts)
+    return (f"{name}: " if name else "") + "; ".join(parts)  # (not "[name]": rich would take it for markup)
 
 
 def degrees(plan) -> str:
@@ -165,12 +165,16 @@ def suggest(
     fix: str = typer.Option(None, "--fix",
                             help="Pin choices: comma list of key=value; keys dp, fsdp, tp, cp, pp, ep, vpp, "
                                  "micro_batch (mb), zero, remat (a policy name), offload_optimizer, offload_params."),
-    framework: str = o.FRAMEWORK,
+    framework: str = typer.Option(None, "--framework",
+                                  help="State/collective conventions: maxtext, megatron, pytorch-fsdp or deepspeed "
+                                       "[maxtext; megatron with --export megatron]."),
     precision: str = o.PRECISION,
     exhaustive: bool = typer.Option(False, "--exhaustive", help="Solve every mesh candidate (no pruning)."),
     as_json: bool = o.JSON,
     save: str = typer.Option(None, "--save", help="Write the best plan as a plan file (YAML, or JSON for .json)."),
-    export: str = typer.Option(None, "--export", help="Also export the best plan: maxtext, megatron or json."),
+    export: str = typer.Option(None, "--export",
+                               help="Also export the best plan: maxtext, megatron or json (maxtext/megatron: the "
+                                    "search keeps to plans that framework runs exactly as costed)."),
     out: str = typer.Option(None, "--out", "-o", help="File for --export (default: stdout after the tables)."),
     train_tokens: str = typer.Option(None, "--train-tokens",
                                      help="Rank the plans by expected days to train this many tokens (e.g. 15T), "
@@ -187,6 +191,19 @@ def suggest(
     if global_batch is not None and tokens_per_batch is not None:
         raise InputError("--global-batch and --tokens-per-batch: give one of them, not both")
     cons = parse_fix(fix, max_tp, slices)
+    if export in ("maxtext", "megatron"):  # search only plans the framework runs exactly as costed
+        if framework not in (None, export):
+            raise InputError(f"--framework {framework}: --export {export} searches under {export}'s conventions; "
+                             f"drop --framework or give --framework {export}")
+        framework = export
+        if export == "megatron":
+            from planner.export_megatron import megatron_constraints
+
+            if precision == "int8":
+                raise InputError("--precision int8: Megatron-LM trains in bf16, fp16 or fp8; expected bf16 or fp8 "
+                                 "with --export megatron")
+            cons = megatron_constraints(cons)
+    framework = framework or "maxtext"
     note = ""
     if global_batch is None:
         o.make_job(seq_len, 1, precision, framework)  # check the job fields first

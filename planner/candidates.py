@@ -83,6 +83,7 @@ class Constraints:
     max_tp: int | None = None
     fixed: dict[str, int] = field(default_factory=dict)  # degrees, vpp, micro_batch, zero
     remat: Remat | None = None  # all six tensor choices pinned to one policy
+    policies: tuple[Remat, ...] | None = None  # only these whole-layer policies (what a framework can express)
     offload_optimizer: bool | None = None
     offload_params: bool | None = None
     slices: int | None = None
@@ -103,6 +104,8 @@ class Constraints:
         parts = [f"{k}={v}" for k, v in self.fixed.items()]
         if self.remat is not None:
             parts.append(f"remat={self.remat.name}")
+        elif self.policies is not None:
+            parts.append("remat in " + "|".join(p.name for p in self.policies))
         for k in ("offload_optimizer", "offload_params"):
             if getattr(self, k) is not None:
                 parts.append(f"{k}={int(getattr(self, k))}")

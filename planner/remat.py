@@ -103,12 +103,19 @@ def switch_values(fixed: bool | None) -> tuple[bool, ...]:
     return (False, True) if fixed is None else (fixed,)
 
 
+def allowed_remats(cons: Constraints) -> list[Remat]:
+    """The per-tensor assignments the constraints allow: a pinned policy, a framework's policy set, or any."""
+    if cons.remat is None and cons.policies is not None:
+        return list(cons.policies)
+    allowed = allowed_choices(cons)
+    return [make_remat(dict(zip(TENSORS, combo, strict=True)))
+            for combo in itertools.product(*(allowed[t] for t in TENSORS))]
+
+
 def all_choices(cons: Constraints) -> list[Choice]:
     """Every assignment the constraints allow (2 * 3^5 * 4 = 1944 when nothing is pinned)."""
-    allowed = allowed_choices(cons)
     out = []
-    for combo in itertools.product(*(allowed[t] for t in TENSORS)):
-        r = make_remat(dict(zip(TENSORS, combo, strict=True)))
+    for r in allowed_remats(cons):
         for o in switch_values(cons.offload_optimizer):
             for p in switch_values(cons.offload_params):
                 out.append(Choice(r, o, p))
@@ -117,11 +124,13 @@ def all_choices(cons: Constraints) -> list[Choice]:
 
 def min_memory_choice(cons: Constraints) -> Choice:
     """The assignment with the least HBM: layer input offloaded, the rest recomputed, optimizer and params on host."""
+    o = True if cons.offload_optimizer is None else cons.offload_optimizer
+    p = True if cons.offload_params is None else cons.offload_params
+    if cons.remat is None and cons.policies is not None:  # the policy keeping the fewest tensors in HBM
+        return Choice(min(cons.policies, key=lambda r: r.count("device")), o, p)
     allowed = allowed_choices(cons)
     pick = {t: ("offload" if "offload" in allowed[t] and t == "layer_input" else
                 "remat" if "remat" in allowed[t] else allowed[t][-1]) for t in TENSORS}
-    o = True if cons.offload_optimizer is None else cons.offload_optimizer
-    p = True if cons.offload_params is None else cons.offload_params
     return Choice(make_remat(pick), o, p)
 
 
@@ -557,6 +566,10 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
     c_min = evaluate(m, chip, job, mesh, ch_min)
     if c_min.peak_memory_bytes > chip.usable_hbm_bytes:
         return MeshResult(mesh, None, None, c_min.peak_memory_bytes, 1)
+    if cons.remat is None and cons.policies is not None:  # a handful of whole-layer policies: cost each
+        r = brute_force(m, chip, job, mesh, cons)
+        r.estimates += 1
+        return r
     key = group_key(mesh)
     s, calls = probe(m, chip, job, mesh, base, (ch_min, c_min), (templates or {}).get(key), cons)
     n_est = 1 + calls

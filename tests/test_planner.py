@@ -328,3 +328,55 @@ def test_suggest_save_and_export(tmp_path):
 
     pf = load_plan(plan_file)
     assert pf.chips == 8 and pf.job.global_batch == 16 and cfg.read_text().strip()
+
+
+def test_suggest_export_megatron_searches_only_what_megatron_runs(tmp_path):
+    # The maxtext-convention search picks fsdp and per-tensor remat/offload for llama3-70b on 64 H100, which
+    # Megatron-LM cannot express (export would fall back to full recompute, 105 GiB: does not fit). With
+    # --export megatron the search keeps to Megatron's space, so the exported plan is the costed plan.
+    plan_file, args_file = tmp_path / "best.yaml", tmp_path / "megatron.sh"
+    r = cli("--model", "llama3-70b", "--chips", "64", "--hardware", "h100-sxm", "--top", "3", "--json",
+            "--save", str(plan_file), "--export", "megatron", "--out", str(args_file))
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr  # nothing had to be converted
+    out = json.loads(r.stdout)
+    assert out["job"]["framework"] == "megatron" and "remat in full|selective|none" in out["constraints"]
+    for p in out["plans"]:
+        assert p["degrees"]["fsdp"] == 1 and p["plan"]["remat"] in ("full", "selective", "none")
+        assert not p["offload_params"] and p["plan"]["zero"] in (0, 1) and p["fits"]
+    from planner.export_megatron import megatron_plan
+    from planner.planfile import load_plan
+
+    pf = load_plan(plan_file)
+    assert megatron_plan(pf).plan == pf.plan and megatron_plan(pf).notes == ()
+    text = args_file.read_text()
+    assert f"--tensor-model-parallel-size {pf.plan.tp}" in text and f"--micro-batch-size {pf.plan.micro_batch}" in text
+
+
+def test_megatron_constraints_search_matches_brute_force():
+    from planner.export_megatron import megatron_constraints
+    from planner.remat import all_choices, min_memory_choice
+
+    cons = megatron_constraints(Constraints())
+    # 3 policies x optimizer offload on/off, parameters on the GPU; the least-memory one is full recompute
+    assert len(all_choices(cons)) == 6 and min_memory_choice(cons).remat.name == "full"
+    job = Job(4096, 64, framework="megatron")
+    fast = search(LLAMA7, H100, job, 16, cons, top=3)
+    brute = search(LLAMA7, H100, job, 16, cons, top=3, exhaustive=True, brute=True)
+    assert [r.cost.step_time_s for r in fast.plans] == [r.cost.step_time_s for r in brute.plans]
+    assert all(r.plan.fsdp == 1 and r.plan.remat.name in ("full", "selective", "none") for r in fast.plans)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("--fix", "fsdp=2"), "--fix fsdp=2: Megatron-LM has no fully-sharded axis"),
+    (("--fix", "remat=save_qkv_proj"), "--fix remat=save_qkv_proj: Megatron-LM recomputes"),
+    (("--fix", "offload_params=1"), "--fix offload_params=1"),
+    (("--fix", "zero=3"), "--fix zero=3"),
+    (("--framework", "maxtext"), "--framework maxtext: --export megatron searches under megatron's conventions"),
+    (("--precision", "int8"), "--precision int8"),
+])
+def test_suggest_export_megatron_bad_pins_exit_2(args, msg):
+    r = cli("--model", "llama2-7b", "--chips", "8", "--hardware", "h100-sxm", "--export", "megatron", *args)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0]
