@@ -80,10 +80,10 @@ Buffers, from the buffer assignment (XLA_FLAGS=--xla_dump_to=DIR, *memory-usage-
       context parallelism 2 (full remat): XLA holds 0.33 GB beyond base where 1.07 GB are counted (+3.2%).
   Left: llama3-8b minimal against the validator's step (+7.0%), llama2-70b tp2 (+8.4%; +10.4% against MaxText:
   with one sequence per replica XLA keeps no second stack under tp); against MaxText, llama3-8b fsdp4 full and tp2
-  (+5.5% each). On MaxText's other compiles the rules give 22 of 23 fitted configurations and 5 of 11 holdout
-  ones within 5% (benchmarks/maxtext_memory_report.txt).
+  (+5.5% each). On MaxText's other compiles the rules give 24 of 25 fitted configurations and 6 of 13 holdout
+  ones within 5% (two of them published v6e recipes; benchmarks/maxtext_memory_report.txt).
 XLA's own spread (2/iter GB): the second compile, made for the loop body's FLOPs, is the same training step with
-two layers per scan iteration; XLA's figure for it differs from the first by 2.2% to 9.6% (median 5.3%), both
+two layers per scan iteration; XLA's figure for it differs from the first by 2.2% to 9.6% (median 5.1%), both
 ways. A 5% target sits at the compiler's own noise for these programs; the two misses (+7.0%, +8.4%) are beyond it.
 The terms are not XLA's buffers one by one (the entry computation's live ranges, *live-range.txt, llama3-8b fsdp 4
 full): when the forward layer loop starts, XLA holds the bf16 weight stacks twice, in two tilings (the cast and a
