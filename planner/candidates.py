@@ -87,6 +87,11 @@ class Constraints:
     offload_optimizer: bool | None = None
     offload_params: bool | None = None
     slices: int | None = None
+    limits: Constraints | None = None  # the target framework's own limits without the user's pins (what-ifs keep them)
+
+    def relaxed(self) -> Constraints:
+        """These constraints without the user's pins: the framework's limits, or nothing but --max-tp."""
+        return self.limits or Constraints(max_tp=self.max_tp)
 
     def for_mesh(self, m: ModelSpec, chip: Chip, job: Job, mesh: Mesh) -> Constraints:
         """These constraints plus the offload switches the cost model's rules forbid on this mesh."""

@@ -60,8 +60,10 @@ def megatron_constraints(cons: Constraints) -> Constraints:
     if cons.offload_params:
         raise InputError("--fix offload_params=1: Megatron-LM keeps parameters on the GPU; expected 0 with "
                          "--export megatron")
-    return replace(cons, fixed={**cons.fixed, "fsdp": 1}, offload_params=False,
-                   policies=tuple(REMAT_POLICIES[n] for n in MEGATRON_POLICIES))
+    limits = Constraints(max_tp=cons.max_tp, fixed={"fsdp": 1}, offload_params=False,
+                         policies=tuple(REMAT_POLICIES[n] for n in MEGATRON_POLICIES))
+    return replace(cons, fixed={**cons.fixed, "fsdp": 1}, offload_params=False, policies=limits.policies,
+                   limits=limits)
 
 
 def megatron_plan(pf: PlanFile) -> Adapted:

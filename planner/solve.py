@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from costmodel.cost import Cost
 from costmodel.estimate import estimate, stage_times
@@ -235,9 +235,11 @@ def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Con
     if min_mesh is not None:
         ch = min_memory_choice(cons.for_mesh(m, chip, job, min_mesh))
         plan = min_mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params)
-    reason = (f"no plan fits: even with full recompute and activation, optimizer and parameter offload the "
-              f"smallest footprint is {min_bytes / GIB:.1f} GiB per chip against {usable / GIB:.1f} GiB usable "
-              f"on {chip.name}" if math.isfinite(min_bytes) else "no plan fits")
+    least = ("full recompute and activation, optimizer and parameter offload" if cons.policies is None else
+             "the least memory the framework's remat policies and offloads allow")
+    reason = (f"no plan fits: even with {least} the smallest footprint is {min_bytes / GIB:.1f} GiB per chip "
+              f"against {usable / GIB:.1f} GiB usable on {chip.name}" if math.isfinite(min_bytes) else "no plan fits")
+    free = cons.relaxed()
     tips: list[str] = []
     for factor in (2, 4, 8, 16):
         n = chips * factor
@@ -245,7 +247,7 @@ def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Con
             continue
         for b in (job.global_batch, job.global_batch * factor):
             j = Job(job.seq_len, b, job.precision, job.framework)
-            if _any_fits(m, chip, j, n, Constraints(max_tp=cons.max_tp)) is not None:
+            if _any_fits(m, chip, j, n, free) is not None:
                 extra = "" if b == job.global_batch else f" with --global-batch {b}"
                 tips.append(f"more chips: --chips {n} ({factor}x){extra} fits")
                 break
@@ -253,19 +255,22 @@ def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Con
             break
     if job.seq_len >= 2:
         j = Job(job.seq_len // 2, job.global_batch * 2, job.precision, job.framework)
-        if _any_fits(m, chip, j, chips, Constraints(max_tp=cons.max_tp)) is not None:
+        if _any_fits(m, chip, j, chips, free) is not None:
             tips.append(f"shorter sequences: --seq-len {j.seq_len} --global-batch {j.global_batch} (same tokens) fits")
     for halvings in range(1, 11):  # MaxText's accumulation buffers and pipelines in flight grow with the batch
         b = job.global_batch >> halvings
         if b < 1:
             break
         j = Job(job.seq_len, b, job.precision, job.framework)
-        if _any_fits(m, chip, j, chips, Constraints(max_tp=cons.max_tp)) is not None:
+        if _any_fits(m, chip, j, chips, free) is not None:
             tips.append(f"a smaller global batch: --global-batch {b} ({b * job.seq_len / 2**20:.2f}M tokens) fits")
             break
-    if cons.fixed or cons.remat is not None or cons.offload_optimizer is False or cons.offload_params is False:
-        if _any_fits(m, chip, job, chips, Constraints(max_tp=cons.max_tp, slices=cons.slices)) is not None:
-            tips.append(f"drop --fix {cons.describe()}: a plan fits without it")
+    framework = set(free.describe().split(", "))
+    pins = [p for p in cons.describe().split(", ") if p and p not in framework and not p.startswith("max_tp=")
+            and not p.startswith("slices=")]
+    if pins:
+        if _any_fits(m, chip, job, chips, replace(free, slices=cons.slices)) is not None:
+            tips.append(f"drop --fix {', '.join(pins)}: a plan fits without it")
     if not tips:
         tips.append(f"nothing tried fits (up to {16 * chips} chips, half the sequence length); use hardware with more "
                     "HBM or a smaller model")
