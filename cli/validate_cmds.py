@@ -36,6 +36,7 @@ def validate(
     cp: int = typer.Option(1, "--cp", help="Context (sequence) parallel degree."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree (GPipe stages; layers must divide by it)."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE only)."),
+    vpp: int = typer.Option(1, "--vpp", help="Pipeline repeats per stage (MaxText's circular pipeline; with pp)."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-step per model replica."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage over the dp axis (0-3)."),
     remat: str = typer.Option("full", "--remat", help="none, selective, full, a MaxText policy, or custom:t=c,..."),
@@ -95,7 +96,7 @@ def validate(
             pf = load_plan(plan_file, check=False)
             plan, m_full, label = pf.plan, pf.model, plan_file
         else:
-            plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, 1, micro_batch, zero, remat, None, 1, not no_sp)
+            plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, vpp, micro_batch, zero, remat, None, 1, not no_sp)
             m_full, label = load_model(model), "plan"
         runs = [(label, m_full, plan)]
         if target:  # XLA:TPU ahead-of-time compile at full width (cli.validate_tpu_cmd)

@@ -63,8 +63,13 @@ def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
         scale_down(load_model("llama3-8b"), Plan(pp=4), Scale(n_layers=2))
     with pytest.raises(InputError, match="one weight-splitting axis"):
         scale_down(load_model("llama3-8b"), Plan(pp=2, tp=2, fsdp=2))
-    with pytest.raises(InputError, match="--vpp 1"):
+    # circular pipeline (vpp repeats): the layers split over pp * vpp chunks, exactly pp micro-batches per step
+    small, job, _ = scale_down(load_model("llama3-8b"), Plan(pp=2, vpp=2, dp=2), Scale(n_layers=4))
+    assert small.n_layers == 4 and job.global_batch == 2 * 2
+    with pytest.raises(InputError, match=r"2 stages x 2 repeats; use --layers 4 \(a multiple of pp\*vpp\)"):
         scale_down(load_model("llama3-8b"), Plan(pp=2, vpp=2))
+    with pytest.raises(InputError, match=r"circular pipeline \(vpp=2\) runs exactly pp=2 of them; use --grad-accum 2"):
+        scale_down(load_model("llama3-8b"), Plan(pp=2, vpp=2), Scale(n_layers=4, micro_steps=4))
     with pytest.raises(InputError, match="only 8 exist"):
         check_devices(Plan(dp=4, tp=4), 8)
 
@@ -112,12 +117,13 @@ def has_jax():
 def test_sharded_step_equals_one_device_step(has_jax):
     r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
                         "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective,"
-                        "pp2-dp2-full-scanned"],
+                        "pp2-dp2-full-scanned,pp4-vpp2-dp2-selective,pp2-vpp2-dp2-full-scanned"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 4  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
-    # the same schedule as one lax.scan over the ticks
+    assert len(rows) == 6  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
+    # the same schedule as one lax.scan over the ticks; the last two: MaxText's circular pipeline (vpp 2, the
+    # micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row
@@ -211,6 +217,28 @@ def test_validate_pipeline_plan_compare(has_jax):
     reduce = by["collective_bytes:all-reduce+reduce-scatter"]
     assert abs(reduce["error_pct"]) < 1, reduce
     assert out["plans"][0]["xla_collectives_by_axis"]["collective-permute@pp"] == perm["xla"]
+
+
+def test_validate_circular_pipeline_plan_compare(has_jax):
+    """pp=2 x vpp=2 x dp=4 (MaxText's circular pipeline: M * vpp + pp - 1 ticks of one L / (pp * vpp) chunk): the
+    bubble is (pp - 1) / vpp stages, so the FLOPs are 5/6 of the vpp 1 step's and match the cost model's; the stage
+    shifts (now round a ring) and the gradient reductions match byte for byte."""
+    runs = {}
+    for vpp in ("1", "2"):
+        r = subprocess.run([PLANNER, "validate", "--pp", "2", "--vpp", vpp, "--dp", "4", "--layers", "4", "--steps",
+                            "0", "--d-model", "64", "--seq-len", "64", "--fast-compile", "--json"],
+                           capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+        assert r.returncode in (0, 1), r.stderr[-2000:]
+        runs[vpp] = {c["quantity"]: c for c in json.loads(r.stdout)["checks"]}
+    by = runs["2"]
+    assert by["flops"]["ok"], by["flops"]  # within 3 %, and as close as the vpp 1 step's (the bubble is exact)
+    assert abs(by["flops"]["error_pct"] - runs["1"]["flops"]["error_pct"]) < 0.5, (by["flops"], runs["1"]["flops"])
+    perm = by["collective_bytes:collective-permute"]
+    assert perm["xla"] == perm["predicted"] > 0, perm
+    assert abs(by["collective_bytes:all-reduce+reduce-scatter"]["error_pct"]) < 1
+    # 2 micro-batches: vpp 1 runs 3 ticks of 2 layers (6 layer passes), vpp 2 5 ticks of 1 (5): the layers' share
+    # of the FLOPs drops by a sixth
+    assert 0.80 < by["flops"]["xla"] / runs["1"]["flops"]["xla"] < 0.90
 
 
 def test_validate_two_processes_jax_distributed(has_jax):

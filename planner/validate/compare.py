@@ -118,17 +118,18 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
 
 def pipeline_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, per_device_flops: float) -> float:
     """Per-device FLOPs the validator's GPipe step (planner.validate.pipeline) computes beyond `per_device_flops`,
-    the cost model's per-chip average (with the attention adjustment); 0 without pp. Every stage runs its layers,
-    forward and backward, on M + pp - 1 ticks, not M (SPMD stages compute through the bubble, as MaxText's pipeline
-    iterations do): the layer FLOPs x (pp - 1) / M more. The logits are not rerun: every stage computes them once,
-    for its M / pp micro-batches, as the per-chip average says."""
+    the cost model's per-chip average (with the attention adjustment); 0 without pp. Every stage runs one chunk of
+    L / (pp * vpp) layers, forward and backward, on M * vpp + pp - 1 ticks, not M * vpp (SPMD stages compute
+    through the bubble, as MaxText's pipeline iterations do): the layer FLOPs x (pp - 1) / (M * vpp) more. The
+    logits are not rerun: every stage computes them once, for its M / pp micro-batches, as the per-chip average
+    says."""
     if plan.pp == 1:
         return 0.0
     from costmodel.flops import logits_op
 
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
     head = 3 * logits_op(m, plan.micro_batch * job.seq_len / plan.cp, plan.tp).flops * accum / plan.pp
-    return (per_device_flops - head) * (plan.pp - 1) / accum
+    return (per_device_flops - head) * (plan.pp - 1) / (accum * plan.vpp)
 
 
 def error_pct(pred: float, xla: float) -> float | None:
@@ -279,7 +280,7 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     if plan.pp > 1:
         pipe = pipeline_flops_adjustment(small, job, plan, pred_flops)
         pred_flops += pipe
-        why += f" + GPipe bubble ticks {pipe:.4g}"
+        why += f" + pipeline bubble ticks {pipe:.4g}"
     vec = cost.vector_flops_per_step / plan.chips
     res.checks.append(_check(name, "flops", pred_flops + vec, flops,
                              f"{why} + element-wise {vec:.4g}; XLA cost_analysis incl. element-wise ops"))

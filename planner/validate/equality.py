@@ -20,6 +20,9 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     ("pp2-dp2-fsdp2-selective", "llama3-8b", Plan(pp=2, dp=2, fsdp=2, remat=remat_policy("selective"))),
     # the pipeline ticks as one lax.scan (the step whose memory the validator reports for pp plans)
     ("pp2-dp2-full-scanned", "llama3-8b", Plan(pp=2, dp=2, remat=remat_policy("full"))),
+    # MaxText's circular pipeline: the micro-batches go round the ring of stages vpp times
+    ("pp4-vpp2-dp2-selective", "llama3-8b", Plan(pp=4, vpp=2, dp=2, remat=remat_policy("selective"))),
+    ("pp2-vpp2-dp2-full-scanned", "llama3-8b", Plan(pp=2, vpp=2, dp=2, remat=remat_policy("full"))),
 ]
 
 
@@ -32,7 +35,7 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, l
     from planner.validate.model import Setup, build_step, make_mesh, single_device_plan
     from planner.validate.scale import Scale, scale_down
 
-    layers *= plan.pp  # pipeline plans: `layers` per stage
+    layers *= plan.pp * plan.vpp  # pipeline plans: `layers` per stage and repeat
     small, job, _ = scale_down(load_model(model_name), plan, Scale(d_model=d_model, seq_len=seq_len, n_layers=layers))
     out = []
     for pl in (plan, single_device_plan(plan)):

@@ -64,7 +64,7 @@ def make_mesh(plan: Plan, devices=None) -> Mesh:
 
 
 def single_device_plan(plan: Plan) -> Plan:
-    return plan.with_(dp=1, fsdp=1, tp=1, cp=1, pp=1, ep=1, zero=0)
+    return plan.with_(dp=1, fsdp=1, tp=1, cp=1, pp=1, ep=1, vpp=1, zero=0)
 
 
 # ---- shardings -------------------------------------------------------------------------------------------

@@ -18,6 +18,12 @@ lock step, as MaxText's iterations do: the bubble costs its compute and its coll
 split over the stages too (MaxText's activation_embed_and_logits_batch: data, stage, fsdp): stage j computes the
 loss of micro-batches [j*M/pp, (j+1)*M/pp), which the last stage sends it.
 
+Circular pipeline (vpp = R > 1, MaxText's num_pipeline_repeats): stage s holds R chunks of L/(pp*R) layers (chunk
+r is global layers (r*pp + s) * L/(pp*R) ...), the M = pp micro-batches go round a ring of stages R times, and
+at tick t stage s runs chunk (t - s) // M on micro-batch (t - s) mod M: M*R + pp - 1 ticks, a bubble of (pp-1)/R
+stages. With M = pp a micro-batch leaving the last stage reaches the first just as its next repeat starts there,
+so the ring shift needs no buffer (MaxText buffers them for M > pp; the validator requires M = pp).
+
 Two forms of the tick loop: unrolled (the default; XLA's cost analysis counts every tick, so FLOPs and
 collectives are read off it) and one lax.scan (Setup.scan_pipeline, as MaxText iterates; planner.validate.compare
 reads the memory figure off it, because in the unrolled step XLA:CPU's scheduler defers every tick's
@@ -56,43 +62,59 @@ def micro_steps(cfg: Setup) -> int:
 
 def unsupported(plan, n_layers: int) -> str:
     """Why a pp plan cannot run here ('' when it can), phrased as what to change."""
-    if plan.vpp > 1:
-        return f"vpp={plan.vpp}: interleaved (virtual) pipeline stages are not supported by the validator; use --vpp 1"
-    if n_layers % plan.pp:
-        return (f"pp={plan.pp}: the scaled model's {n_layers} layers do not split evenly over {plan.pp} stages; "
-                f"use --layers {-(-n_layers // plan.pp) * plan.pp} (a multiple of pp) or a pp that divides "
+    chunks = plan.pp * plan.vpp
+    if n_layers % chunks:
+        what = f"{plan.pp} stages" + (f" x {plan.vpp} repeats" if plan.vpp > 1 else "")
+        return (f"pp={plan.pp}: the scaled model's {n_layers} layers do not split evenly over {what}; "
+                f"use --layers {-(-n_layers // chunks) * chunks} (a multiple of pp*vpp) or a pp that divides "
                 f"{n_layers}")
     return ""
 
 
 # ---- parameter layout ------------------------------------------------------------------------------------
 
-def to_stages(params: dict, pp: int) -> dict:
-    """Flat per-layer list -> L/pp layer dicts whose leaves are stacked over the pp stages."""
+def _stack(*xs):
+    if isinstance(xs[0], jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype)
+    return np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
+
+
+def to_stages(params: dict, pp: int, vpp: int = 1) -> dict:
+    """Flat per-layer list -> L/(pp*vpp) layer dicts whose leaves are stacked over the pp stages ([pp, ...]), and
+    with vpp > 1 over each stage's repeats ([pp, vpp, ...]). Stage s's j-th layer of repeat r is global layer
+    (r*pp + s) * L/(pp*vpp) + j, MaxText's circular layout (layers_per_stage chunks dealt round the ring)."""
     layers = params["layers"]
-    per = len(layers) // pp
+    per = len(layers) // (pp * vpp)
 
-    def stack(*xs):
-        if isinstance(xs[0], jax.ShapeDtypeStruct):
-            return jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype)
-        return np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
+    def layer(s: int, r: int, j: int) -> dict:
+        return layers[(r * pp + s) * per + j]
 
-    stacked = [jax.tree.map(stack, *[layers[s * per + j] for s in range(pp)]) for j in range(per)]
+    if vpp == 1:
+        stacked = [jax.tree.map(_stack, *[layer(s, 0, j) for s in range(pp)]) for j in range(per)]
+    else:
+        stacked = [jax.tree.map(_stack, *[jax.tree.map(_stack, *[layer(s, r, j) for r in range(vpp)])
+                                          for s in range(pp)]) for j in range(per)]
     return {**params, "layers": stacked}
 
 
-def from_stages(params: dict) -> dict:
+def from_stages(params: dict, vpp: int = 1) -> dict:
     """Inverse of to_stages (e.g. to compare gradients with the one-device step's)."""
     stacked = params["layers"]
     pp = jax.tree.leaves(stacked[0])[0].shape[0]
-    layers = [jax.tree.map(lambda a, s=s: a[s], lay) for s in range(pp) for lay in stacked]
+    if vpp == 1:
+        layers = [jax.tree.map(lambda a, s=s: a[s], lay) for s in range(pp) for lay in stacked]
+    else:
+        layers = [jax.tree.map(lambda a, s=s, r=r: a[s, r], lay)
+                  for r in range(vpp) for s in range(pp) for lay in stacked]
     return {**params, "layers": layers}
 
 
 def stage_param_specs(cfg: Setup, moments: bool = False) -> dict:
     specs = param_specs(cfg, moments)
-    per = cfg.model.n_layers // cfg.plan.pp
-    specs["layers"] = [{k: P("pp", *s) for k, s in lay.items()} for lay in specs["layers"][:per]]
+    plan = cfg.plan
+    per = cfg.model.n_layers // (plan.pp * plan.vpp)
+    lead = ("pp",) if plan.vpp == 1 else ("pp", None)
+    specs["layers"] = [{k: P(*lead, *s) for k, s in lay.items()} for lay in specs["layers"][:per]]
     return specs
 
 
@@ -117,23 +139,39 @@ class StageSharder(Sharder):
         return jax.lax.with_sharding_constraint(x, P(*(_auto(e) for e in spec)))
 
 
+def _shape(cfg: Setup) -> tuple[int, int, int, list[tuple[int, int]]]:
+    """(stages S, micro-batches M, repeats R, the shift's pairs): a chain for GPipe, a ring when the micro-batches
+    go round the stages R = vpp times (MaxText's circular pipeline; with M = S a micro-batch leaving the last stage
+    reaches the first just when its next repeat starts there)."""
+    S, M, R = cfg.plan.pp, micro_steps(cfg), cfg.plan.vpp
+    return S, M, R, [(i, i + 1) for i in range(S - 1)] if R == 1 else [(i, (i + 1) % S) for i in range(S)]
+
+
+def _chunk(layers, R: int, M: int, t, stage):
+    """The stage's layers for tick t: with repeats, chunk r = (t - stage) // M of its [vpp, ...] stacks."""
+    if R == 1:
+        return layers
+    r = jnp.clip((t - stage) // M, 0, R - 1)
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False), layers)
+
+
 def unrolled_ticks(cfg: Setup, sh: Sharder, f, layers, table, tokens, stage) -> list:
     """The GPipe forward, unrolled (XLA's cost analysis counts every tick; XLA:CPU's scheduler, though, defers
     each tick's weight-gradient products to the end of the backward pass and keeps their inputs): at tick t
-    stage s runs micro-batch t - s; returns the last stage's M outputs."""
-    S, M = cfg.plan.pp, micro_steps(cfg)
-    fwd_pairs = [(i, i + 1) for i in range(S - 1)]
+    stage s runs micro-batch (t - s) mod M of repeat (t - s) // M; returns the last stage's M outputs of the
+    last repeat."""
+    S, M, R, pairs = _shape(cfg)
     state, outs = None, []
-    for t in range(M + S - 1):
+    for t in range(M * R + S - 1):
         if t < M:
             x0 = sh.resid(jnp.take(table, tokens[t], axis=0))
             state = x0 if state is None else sh.resid(jnp.where(stage == 0, x0, state))
-        for lp in layers:
+        for lp in _chunk(layers, R, M, t, stage):
             state = f(lp, state)
-        if t >= S - 1:
-            outs.append(state)  # the last stage's output of micro-batch t - (S - 1)
-        if t < M + S - 2:
-            state = sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs))
+        if t >= M * (R - 1) + S - 1:
+            outs.append(state)  # the last stage's output of micro-batch t - (S - 1) - M * (R - 1)
+        if t < M * R + S - 2:
+            state = sh.resid(jax.lax.ppermute(state, "pp", pairs))
     return outs
 
 
@@ -141,8 +179,7 @@ def scanned_ticks(cfg: Setup, sh: Sharder, f, layers, table, tokens, stage) -> l
     """The same schedule as one lax.scan over the ticks, as MaxText's pipeline iterates (each tick's weight
     gradients are accumulated in the backward loop's carry); for the memory figure only: XLA counts a loop body's
     FLOPs and collectives once."""
-    S, M = cfg.plan.pp, micro_steps(cfg)
-    fwd_pairs = [(i, i + 1) for i in range(S - 1)]
+    S, M, R, pairs = _shape(cfg)
 
     # The micro-batches are embedded before the loop (MaxText embeds outside its pipeline module); like MaxText's
     # state_io, one [M, ...] buffer holds the inputs and takes the last stage's outputs as they come.
@@ -152,14 +189,15 @@ def scanned_ticks(cfg: Setup, sh: Sharder, f, layers, table, tokens, stage) -> l
         state, io = carry
         x0 = jax.lax.dynamic_index_in_dim(io, jnp.minimum(t, M - 1), 0, False)
         state = sh.resid(jnp.where((stage == 0) & (t < M), x0, state))
-        for lp in layers:
+        for lp in _chunk(layers, R, M, t, stage):
             state = f(lp, state)
-        k = jnp.maximum(t - (S - 1), 0)  # the micro-batch leaving the last stage (from tick S - 1 on)
-        out = jnp.where(t >= S - 1, state, jax.lax.dynamic_index_in_dim(io, k, 0, False))
+        first = M * (R - 1) + S - 1  # the tick the last repeat's first micro-batch leaves the last stage
+        k = jnp.maximum(t - first, 0)
+        out = jnp.where(t >= first, state, jax.lax.dynamic_index_in_dim(io, k, 0, False))
         io = jax.lax.dynamic_update_index_in_dim(io, out, k, 0)
-        return (sh.resid(jax.lax.ppermute(state, "pp", fwd_pairs)), io), None
+        return (sh.resid(jax.lax.ppermute(state, "pp", pairs)), io), None
 
-    (_, io), _ = jax.lax.scan(tick, (jnp.zeros_like(io[0]), io), jnp.arange(M + S - 1))
+    (_, io), _ = jax.lax.scan(tick, (jnp.zeros_like(io[0]), io), jnp.arange(M * R + S - 1))
     return [io[k] for k in range(M)]
 
 
@@ -215,10 +253,10 @@ class PipelineStep(Step):
     """A Step whose parameters (and Adam moments) are stacked per stage (see to_stages)."""
 
     def host_params(self, seed: int = 0) -> dict:
-        return to_stages(init_params(self.cfg, seed), self.cfg.plan.pp)
+        return to_stages(init_params(self.cfg, seed), self.cfg.plan.pp, self.cfg.plan.vpp)
 
     def unstack(self, tree: dict) -> dict:
-        return from_stages(tree)
+        return from_stages(tree, self.cfg.plan.vpp)
 
     def inputs(self, seed: int = 0):
         cfg = self.cfg
@@ -233,7 +271,7 @@ class PipelineStep(Step):
 
     def abstract_inputs(self):
         cfg = self.cfg
-        shapes = to_stages(init_params(cfg, shapes_only=True), cfg.plan.pp)
+        shapes = to_stages(init_params(cfg, shapes_only=True), cfg.plan.pp, cfg.plan.vpp)
 
         def sds(tree, shard):
             return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
@@ -249,6 +287,9 @@ def build_pipeline_step(cfg: Setup, mesh, donate: bool = True) -> PipelineStep:
     from hardware.errors import InputError
 
     why = unsupported(cfg.plan, cfg.model.n_layers)
+    if not why and cfg.plan.vpp > 1 and micro_steps(cfg) != cfg.plan.pp:
+        why = (f"vpp={cfg.plan.vpp}: the validator's circular pipeline runs exactly pp={cfg.plan.pp} micro-batches "
+               f"per step (it has {micro_steps(cfg)}); use --grad-accum {cfg.plan.pp} or --vpp 1")
     if why:
         raise InputError(why)
     if "pp" not in mesh.axis_names:

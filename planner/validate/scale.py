@@ -36,8 +36,6 @@ def _round_up(x: int, k: int) -> int:
 
 def unsupported(plan: Plan) -> str:
     """Why the validator cannot run `plan` ('' when it can), phrased as what to change."""
-    if plan.vpp > 1:
-        return f"vpp={plan.vpp}: interleaved (virtual) pipeline stages are not supported by the validator; use --vpp 1"
     if plan.pp > 1:
         # Inside the pipeline's shard_map (manual over pp, automatic over the rest), XLA's SPMD partitioner aborts
         # (a CHECK failure, not an exception) when weights are split along two dimensions: d_model over
@@ -105,9 +103,11 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
         head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, sliding_window=0, local_per_global=0,
         q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0, **moe)
-    if plan.pp > 1 and s.n_layers % plan.pp:
-        raise InputError(f"pp={plan.pp}: the scaled model's {s.n_layers} layers do not split evenly over "
-                         f"{plan.pp} stages; use --layers {-(-s.n_layers // plan.pp) * plan.pp} (a multiple of pp)")
+    chunks = plan.pp * plan.vpp
+    if plan.pp > 1 and s.n_layers % chunks:
+        what = f"{plan.pp} stages" + (f" x {plan.vpp} repeats" if plan.vpp > 1 else "")
+        raise InputError(f"pp={plan.pp}: the scaled model's {s.n_layers} layers do not split evenly over {what}; "
+                         f"use --layers {-(-s.n_layers // chunks) * chunks} (a multiple of pp*vpp)")
     if s.micro_steps > 1 and plan.pp == 1:
         raise InputError(f"--grad-accum: {s.micro_steps} micro-batches; the validator accumulates gradients over "
                          "micro-batches only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
@@ -115,6 +115,9 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
     if accum % plan.pp:  # the logits' batch is split over the stages, as in MaxText (planner.validate.pipeline)
         raise InputError(f"--grad-accum: {accum} micro-batches; pipeline plans need a multiple of pp={plan.pp}; "
                          f"use --grad-accum {-(-accum // plan.pp) * plan.pp}")
+    if plan.vpp > 1 and accum != plan.pp:  # micro-batches go round the ring: one per stage (pipeline._shape)
+        raise InputError(f"--grad-accum: {accum} micro-batches; the validator's circular pipeline (vpp={plan.vpp}) "
+                         f"runs exactly pp={plan.pp} of them; use --grad-accum {plan.pp} (or 0)")
     job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch * accum, precision="bf16",
               framework="maxtext", scan_layers=False)  # the validator unrolls its layers
     if math.gcd(seq, cp) != cp:
