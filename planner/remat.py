@@ -103,9 +103,15 @@ def switch_values(fixed: bool | None) -> tuple[bool, ...]:
     return (False, True) if fixed is None else (fixed,)
 
 
+def policy_set(cons: Constraints) -> tuple[Remat, ...] | None:
+    """The whole-layer policies a framework limits the search to (None: any per-tensor assignment; a pinned
+    policy overrides the set)."""
+    return cons.policies if cons.remat is None else None
+
+
 def allowed_remats(cons: Constraints) -> list[Remat]:
     """The per-tensor assignments the constraints allow: a pinned policy, a framework's policy set, or any."""
-    if cons.remat is None and cons.policies is not None:
+    if policy_set(cons) is not None:
         return list(cons.policies)
     allowed = allowed_choices(cons)
     return [make_remat(dict(zip(TENSORS, combo, strict=True)))
@@ -126,7 +132,7 @@ def min_memory_choice(cons: Constraints) -> Choice:
     """The assignment with the least HBM: layer input offloaded, the rest recomputed, optimizer and params on host."""
     o = True if cons.offload_optimizer is None else cons.offload_optimizer
     p = True if cons.offload_params is None else cons.offload_params
-    if cons.remat is None and cons.policies is not None:  # the policy keeping the fewest tensors in HBM
+    if policy_set(cons) is not None:  # the policy keeping the fewest tensors in HBM
         return Choice(min(cons.policies, key=lambda r: r.count("device")), o, p)
     allowed = allowed_choices(cons)
     pick = {t: ("offload" if "offload" in allowed[t] and t == "layer_input" else
@@ -566,7 +572,7 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
     c_min = evaluate(m, chip, job, mesh, ch_min)
     if c_min.peak_memory_bytes > chip.usable_hbm_bytes:
         return MeshResult(mesh, None, None, c_min.peak_memory_bytes, 1)
-    if cons.remat is None and cons.policies is not None:  # a handful of whole-layer policies: cost each
+    if policy_set(cons) is not None:  # a handful of whole-layer policies: cost each
         r = brute_force(m, chip, job, mesh, cons)
         r.estimates += 1
         return r
