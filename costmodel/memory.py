@@ -279,13 +279,14 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     logit_bytes = 4 if job.framework == "maxtext" else 6
     # Vocab tiling (MaxText num_vocab_tiling) computes logits, loss and their gradient one token chunk at a time.
     logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
-    # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter
-    # (of the weights that are sharded: under MaxText ep alone shards the non-expert weights, not the experts).
-    gathered = (layer_w - layer_experts) * (weight_shards > 1) + layer_experts * (expert_shards > 1)
-    coll = (BF16 + BF16) * gathered
     if maxtext_pipeline(job, plan):
         coll = maxtext_stage_buffers(layer_w * layers_stage, grad_params * body / (body + emb), weight_shards,
                                      plan.dp > 1 and plan.zero < 3, plan.vpp)
+    else:
+        # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter
+        # (of the weights that are sharded: under MaxText ep alone shards the non-expert weights, not the experts).
+        gathered = (layer_w - layer_experts) * (weight_shards > 1) + layer_experts * (expert_shards > 1)
+        coll = (BF16 + BF16) * gathered
 
     if maxtext_pipeline(job, plan):
         # Every stage runs the same program; the logits' batch is split over the stages too

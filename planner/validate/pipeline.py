@@ -60,17 +60,6 @@ def micro_steps(cfg: Setup) -> int:
     return max(1, cfg.global_batch // (plan.batch_shards * plan.micro_batch))
 
 
-def unsupported(plan, n_layers: int) -> str:
-    """Why a pp plan cannot run here ('' when it can), phrased as what to change."""
-    chunks = plan.pp * plan.vpp
-    if n_layers % chunks:
-        what = f"{plan.pp} stages" + (f" x {plan.vpp} repeats" if plan.vpp > 1 else "")
-        return (f"pp={plan.pp}: the scaled model's {n_layers} layers do not split evenly over {what}; "
-                f"use --layers {-(-n_layers // chunks) * chunks} (a multiple of pp*vpp) or a pp that divides "
-                f"{n_layers}")
-    return ""
-
-
 # ---- parameter layout ------------------------------------------------------------------------------------
 
 def _stack(*xs):
@@ -285,11 +274,9 @@ class PipelineStep(Step):
 
 def build_pipeline_step(cfg: Setup, mesh, donate: bool = True) -> PipelineStep:
     from hardware.errors import InputError
+    from planner.validate.scale import pipeline_unsupported
 
-    why = unsupported(cfg.plan, cfg.model.n_layers)
-    if not why and cfg.plan.vpp > 1 and micro_steps(cfg) != cfg.plan.pp:
-        why = (f"vpp={cfg.plan.vpp}: the validator's circular pipeline runs exactly pp={cfg.plan.pp} micro-batches "
-               f"per step (it has {micro_steps(cfg)}); use --grad-accum {cfg.plan.pp} or --vpp 1")
+    why = pipeline_unsupported(cfg.plan, cfg.model.n_layers, micro_steps(cfg))
     if why:
         raise InputError(why)
     if "pp" not in mesh.axis_names:

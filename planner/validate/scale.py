@@ -55,6 +55,25 @@ def unsupported(plan: Plan) -> str:
     return ""
 
 
+def pipeline_unsupported(plan: Plan, n_layers: int, micro_steps: int) -> str:
+    """Why the validator's pipeline (planner.validate.pipeline) cannot run `n_layers` layers and `micro_steps`
+    micro-batches of `plan` ('' when it can, or without pp), phrased as what to change."""
+    if plan.pp == 1:
+        return ""
+    chunks = plan.pp * plan.vpp
+    if n_layers % chunks:
+        what = f"{plan.pp} stages" + (f" x {plan.vpp} repeats" if plan.vpp > 1 else "")
+        return (f"pp={plan.pp}: the scaled model's {n_layers} layers do not split evenly over {what}; "
+                f"use --layers {-(-n_layers // chunks) * chunks} (a multiple of pp*vpp)")
+    if micro_steps % plan.pp:  # the logits' batch is split over the stages, as in MaxText
+        return (f"--grad-accum: {micro_steps} micro-batches; pipeline plans need a multiple of pp={plan.pp}; "
+                f"use --grad-accum {-(-micro_steps // plan.pp) * plan.pp}")
+    if plan.vpp > 1 and micro_steps != plan.pp:  # micro-batches go round the ring: one per stage
+        return (f"--grad-accum: {micro_steps} micro-batches; the validator's circular pipeline (vpp={plan.vpp}) "
+                f"runs exactly pp={plan.pp} of them; use --grad-accum {plan.pp} (or 0)")
+    return ""
+
+
 def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec, Job, list[str]]:
     """(scaled model, job with one micro-batch per batch shard, notes). Raises InputError if it cannot divide."""
     why = unsupported(plan)
@@ -103,21 +122,13 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
         head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, sliding_window=0, local_per_global=0,
         q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0, **moe)
-    chunks = plan.pp * plan.vpp
-    if plan.pp > 1 and s.n_layers % chunks:
-        what = f"{plan.pp} stages" + (f" x {plan.vpp} repeats" if plan.vpp > 1 else "")
-        raise InputError(f"pp={plan.pp}: the scaled model's {s.n_layers} layers do not split evenly over {what}; "
-                         f"use --layers {-(-s.n_layers // chunks) * chunks} (a multiple of pp*vpp)")
     if s.micro_steps > 1 and plan.pp == 1:
         raise InputError(f"--grad-accum: {s.micro_steps} micro-batches; the validator accumulates gradients over "
                          "micro-batches only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
     accum = (s.micro_steps or plan.pp) if plan.pp > 1 else 1
-    if accum % plan.pp:  # the logits' batch is split over the stages, as in MaxText (planner.validate.pipeline)
-        raise InputError(f"--grad-accum: {accum} micro-batches; pipeline plans need a multiple of pp={plan.pp}; "
-                         f"use --grad-accum {-(-accum // plan.pp) * plan.pp}")
-    if plan.vpp > 1 and accum != plan.pp:  # micro-batches go round the ring: one per stage (pipeline._shape)
-        raise InputError(f"--grad-accum: {accum} micro-batches; the validator's circular pipeline (vpp={plan.vpp}) "
-                         f"runs exactly pp={plan.pp} of them; use --grad-accum {plan.pp} (or 0)")
+    why = pipeline_unsupported(plan, s.n_layers, accum)
+    if why:
+        raise InputError(why)
     job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch * accum, precision="bf16",
               framework="maxtext", scan_layers=False)  # the validator unrolls its layers
     if math.gcd(seq, cp) != cp:
