@@ -90,18 +90,28 @@ full): when the forward layer loop starts, XLA holds the bf16 weight stacks twic
 transposed copy for the backward's matmuls, 3.49 GB each), and no second checkpoint stack; the cost model's one
 bf16 copy plus a second stack come to a similar total (-2.7%). Under tp (llama3-8b tp 2), the same two copies
 (1.75 GB each) and one checkpoint stack.
-MoE (mixtral-8x7b, top-2 of 8, v5p 2x4x4, added after the rules above; `--target` now compiles MoE models whose
-layers are all alike): FLOPs within 0.1% and state exact; memory -8.8% (fsdp 32) and -12.3% (fsdp 8 x ep 4)
-against the validator's step, -3.0% and -4.7% against MaxText's. Three cost-model changes came from MaxText's
-source and compiles (ep 2, 4 and 8, benchmarks/maxtext_memory/NOTES.md, "Expert parallelism"): (1) its `embed`
-sharding rule lists the `expert` axis, so ep shards the non-expert weights like fsdp (they had been counted
-replicated over ep; the validator now shards them so too, and their gradients are reduce-scattered with the
-layer instead of all-reduced over ep); (2) its dropless routing sizes the ragged all-to-all's receive buffer, and
-with it the experts' operands, for the worst case, min(ep, experts / top_k) times the balanced rows
+MoE (mixtral-8x7b, top-2 of 8, v5p 2x4x4, added after the rules above; `--target` compiles MoE models whose
+layers are all alike): FLOPs within 0.1% and state exact. Three cost-model changes came from MaxText's source and
+compiles (ep 2, 4 and 8, benchmarks/maxtext_memory/NOTES.md, "Expert parallelism"): (1) its `embed` sharding rule
+lists the `expert` axis, so ep shards the non-expert weights like fsdp (they had been counted replicated over ep;
+the validator shards them so too, and their gradients are reduce-scattered with the layer instead of all-reduced
+over ep); (2) its dropless routing sizes the ragged all-to-all's receive buffer, and with it the experts'
+operands, for the worst case, min(ep, experts / top_k) times the balanced rows
 (costmodel.memory.routed_buffer_factor); (3) the grouped matmuls' backward holds the gradients of the experts'
-intermediates beside them at that size. The ep row went from -18.5% (1 alone) to -12.0% (1, 2) to -4.7%.
-The validator's MoE step routes with capacity 1 (no ragged buffer, so (2) and (3) are not in its prediction) and
-holds 2-4 GB more than the cost model's working set: -8.8% and -12.3%, the unsafe side.
+intermediates beside them at that size. The ep row went from -18.5% (1 alone) to -12.0% (1, 2) to -4.7% against
+MaxText.
+The validator's TPU step now routes dropless as MaxText does (planner.validate.model.moe_dropless: each chip sorts
+its routed copies by expert, a ragged all-to-all over ep into the worst-case buffer, megablox grouped matmuls,
+the experts all-gathered over fsdp inside the shard_map), so one prediction serves both; it had routed with
+capacity 1 by gather (-8.8% and -12.3%). The two programs' buffer assignments now agree: 32.06 vs 31.66 GB per
+chip (fsdp 32) and 32.58 vs 32.57 GB (ep 4), arguments included; but memory_analysis() reports 7.3 and 7.9 GB of
+temp beyond the validator's buffer assignment where it reports 5.3 and 6.2 GB beyond MaxText's, so the validator's
+step reads 2.4 and 1.7 GB higher: -8.9% and -8.6% against it, -3.0% and -4.7% against MaxText. XLA's own
+peak_memory_in_bytes follows the buffer assignment (31.71 and 32.28 GB; mem:xla_peak in the results json).
+FLOPs: each megablox kernel declares 2 m k n over its whole operand, under ep the worst-case buffer (4x the
+balanced rows at ep 4), so XLA counts 3.5x the work done on the ep row; the check adds that declared excess
+(planner.validate.compare.grouped_matmul_flops_adjustment): -71.6% without it, -0.05% with it. The ragged
+all-to-alls count as all-to-alls of the balanced rows (planner.validate.hlo): 13.02 GB, as predicted.
 XLA:TPU's memory_analysis() reports 2.5-6.2 GB more temp than the buffer assignment it dumps (sum of
 *buffer-assignment.txt allocations, e.g. 32.57 vs 38.76 GB on MaxText's ep row, 38.17 vs 43.01 GB on llama3-8b
 fsdp 4 full); the loop rules above were read off memory_analysis() and absorb that difference.
@@ -145,16 +155,16 @@ def _row_of(x: dict) -> dict:
             "unroll2_gb": x["compiles"][1]["memory"]["peak"] / GB if len(x["compiles"]) > 1 else None}
 
 
-def current_prediction_gb(name: str, validator: bool = True) -> float:
-    """costmodel.estimate's per-chip GB for a plan of PLANS, as planner.validate.tpu costs it (validator=False:
-    as MaxText runs it, a dropless MoE with its worst-case ragged buffers)."""
+def current_prediction_gb(name: str) -> float:
+    """costmodel.estimate's per-chip GB for a plan of PLANS, as planner.validate.tpu costs it (MaxText's
+    convention; a MoE routes dropless, as both the validator's TPU step and MaxText do)."""
     from costmodel.estimate import estimate
     from hardware.catalog import load_hardware
-    from planner.validate.tpu import parse_target, routed_as_compiled, tpu_job
+    from planner.validate.tpu import parse_target, tpu_job
 
     _, model, target, seq, plan = next(p for p in PLANS if p[0] == name)
     t = parse_target(target)
-    m = routed_as_compiled(load_model(model)) if validator else load_model(model)
+    m = load_model(model)
     cost = estimate(m, load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
     return cost.peak_memory_bytes / GB
 
@@ -186,7 +196,7 @@ def maxtext_gb(name: str) -> float | None:
 
 def maxtext_error_pct(name: str) -> float | None:
     v = maxtext_gb(name)
-    return None if v is None else (current_prediction_gb(name, validator=False) - v) / v * 100
+    return None if v is None else (current_prediction_gb(name) - v) / v * 100
 
 
 def _mt(x: dict) -> str:
@@ -212,9 +222,7 @@ def table(rows: list[dict]) -> str:
                      f"{x['error_pct']:+7.1f} {x['flops_error_pct']:+8.1f} {x['temp_gb']:8.2f} "
                      f"{x['compile_s']:9.0f}" + _u2(x) + _mt(x))
     lines.append("(2/iter GB: the same step compiled with two layers per scan iteration, move %: against TPU GB;\n"
-                 " MaxText GB: MaxText 0.2.5's own train_compile of the same plan; err %: the cost model's prediction\n"
-                 " for it, which differs from pred GB only for MoE: MaxText's dropless experts vs the validator's "
-                 "capacity 1)")
+                 " MaxText GB: MaxText 0.2.5's own train_compile of the same plan; err %: pred GB against it)")
     ok = [x for x in rows if not x["error"]]
     if ok:
         errs = [abs(x["error_pct"]) for x in ok]

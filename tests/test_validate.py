@@ -49,6 +49,18 @@ def test_hlo_collective_parsing():
     pp_mesh = {"dp": 2, "pp": 2, "fsdp": 1, "ep": 1, "cp": 1, "tp": 1}
     line = "  %cp.1 = f32[1,64,64]{2,1,0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{2,3}}"
     assert [(c.kind, c.bytes, c.axes) for c in hlo.collectives(line, pp_mesh)] == [("collective-permute", 16384, "pp")]
+    # a ragged all-to-all (dropless MoE over ep): the balanced rows, the smaller of operand and worst-case buffer
+    ep_mesh = {"dp": 1, "fsdp": 2, "ep": 4, "cp": 1, "tp": 1}
+    ragged = "\n".join([
+        "  %rows.2 = bf16[64,32]{1,0:T(8,128)(2,1)} fusion(%a), kind=kLoop, calls=%f",
+        "  %buf = bf16[256,32]{1,0} broadcast(%z), dimensions={}",
+        "  %r.1 = bf16[256,32]{1,0} ragged-all-to-all(%rows.2, %buf, %o, %s, /*index=5*/%q), channel_id=1, "
+        "replica_groups={{0,1,2,3},{4,5,6,7}}",
+        "  %r.2 = bf16[64,32]{1,0} ragged-all-to-all(%r.1, %rows.2, %o, %s, /*index=5*/%q), channel_id=2, "
+        "replica_groups={{0,1,2,3},{4,5,6,7}}",
+    ])
+    got = [(c.kind, c.bytes, c.group_size, c.axes) for c in hlo.collectives(ragged, ep_mesh)]
+    assert got == [("all-to-all", 64 * 32 * 2, 4, "ep")] * 2
 
 
 def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
@@ -117,16 +129,21 @@ def has_jax():
 def test_sharded_step_equals_one_device_step(has_jax):
     r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
                         "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective,"
-                        "pp2-dp2-full-scanned,pp4-vpp2-dp2-selective,pp2-vpp2-dp2-full-scanned"],
+                        "pp2-dp2-full-scanned,pp4-vpp2-dp2-selective,pp2-vpp2-dp2-full-scanned,"
+                        "moe-ep4-fsdp2-none-dropless"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 6  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
-    # the same schedule as one lax.scan over the ticks; the last two: MaxText's circular pipeline (vpp 2, the
-    # micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned
+    assert len(rows) == 7  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
+    # the same schedule as one lax.scan over the ticks; the fifth and sixth: MaxText's circular pipeline (vpp 2,
+    # the micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned; the last: MaxText's
+    # dropless MoE (ragged all-to-all over ep 4, grouped matmuls), which on one device also equals the
+    # capacity-routed step given room for every token
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row
+    dropless = rows[-1]
+    assert dropless["capacity_loss_diff"] < 1e-5 and dropless["capacity_grad_rel_err"] < 1e-4, dropless
 
 
 def test_validate_three_plans_end_to_end(has_jax):

@@ -116,6 +116,26 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
     return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a)
 
 
+def grouped_matmul_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float:
+    """Per-chip FLOPs XLA's cost analysis counts for the dropless MoE's grouped matmuls beyond the work done.
+
+    Each megablox kernel (forward, input gradient, weight gradient) declares 2 m k n FLOPs over its whole operand,
+    and under ep that is the worst-case receive buffer, routed_buffer_factor times the balanced rows (the kernel
+    skips the empty tiles; the cost model counts the balanced rows). Per expert matmul: forward, two backward
+    kernels, and the forward again when its output is recomputed (the gate gradient needs the experts' outputs)."""
+    from costmodel.memory import routed_buffer_factor
+
+    buf = routed_buffer_factor(m, job, plan)
+    if buf == 1 or not m.is_moe:
+        return 0.0
+    tokens = plan.micro_batch * job.seq_len / plan.cp
+    remat = plan.remat.count("remat") > 0
+    ch = plan.remat.choices()
+    ops = {op.name: op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, True)}
+    passes = {t: 3 + (remat and ch[t] != "device") for t in ("mlp_in", "mlp_out")}
+    return m.n_moe_layers * (buf - 1) * sum(ops[t] * passes[t] for t in passes)
+
+
 def pipeline_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, per_device_flops: float) -> float:
     """Per-device FLOPs the validator's GPipe step (planner.validate.pipeline) computes beyond `per_device_flops`,
     the cost model's per-chip average (with the attention adjustment); 0 without pp. Every stage runs one chunk of

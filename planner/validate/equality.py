@@ -23,11 +23,16 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     # MaxText's circular pipeline: the micro-batches go round the ring of stages vpp times
     ("pp4-vpp2-dp2-selective", "llama3-8b", Plan(pp=4, vpp=2, dp=2, remat=remat_policy("selective"))),
     ("pp2-vpp2-dp2-full-scanned", "llama3-8b", Plan(pp=2, vpp=2, dp=2, remat=remat_policy("full"))),
+    # MaxText's dropless MoE (ragged all-to-all over ep, grouped matmuls), as the TPU compile runs it
+    ("moe-ep2-tp2-dp2-full-dropless", "mixtral-8x7b", Plan(ep=2, tp=2, dp=2, zero=1, remat=remat_policy("full"))),
+    ("moe-ep4-fsdp2-none-dropless", "mixtral-8x7b", Plan(ep=4, fsdp=2, remat=remat_policy("none"))),
 ]
 
 
 def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, layers: int = 1,
-            scan_pipeline: bool = False) -> dict:
+            scan_pipeline: bool = False, dropless: bool = False) -> dict:
+    from dataclasses import replace
+
     import jax
     import numpy as np
 
@@ -37,19 +42,31 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, l
 
     layers *= plan.pp * plan.vpp  # pipeline plans: `layers` per stage and repeat
     small, job, _ = scale_down(load_model(model_name), plan, Scale(d_model=d_model, seq_len=seq_len, n_layers=layers))
+    if dropless:
+        small = replace(small, capacity_factor=0.0)
+    runs = [(small, plan, dropless), (small, single_device_plan(plan), dropless)]
+    if dropless:  # and the capacity-routed step with room for every token (capacity factor experts / top_k)
+        no_drop = replace(small, capacity_factor=small.n_experts / small.experts_per_token)
+        runs.append((no_drop, single_device_plan(plan), False))
     out = []
-    for pl in (plan, single_device_plan(plan)):
-        cfg = Setup(small, pl, job.seq_len, job.global_batch, "float32", scan_pipeline=scan_pipeline)
+    for m, pl, dl in runs:
+        cfg = Setup(m, pl, job.seq_len, job.global_batch, "float32", scan_pipeline=scan_pipeline, dropless=dl)
         step = build_step(cfg, make_mesh(pl), donate=False)
         params, _, tokens, targets = step.inputs(seed=1)
         loss, grads = step.grad_fn(params, tokens, targets)
         if hasattr(step, "unstack"):  # pipeline plans stack the layers per stage: back to the flat layer list
             grads = step.unstack(grads)
         out.append((float(loss), jax.tree.map(np.asarray, grads)))
-    (l1, g1), (l0, g0) = out
-    errs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30)),
-                                        g1, g0))
-    return {"loss_sharded": l1, "loss_single": l0, "loss_diff": abs(l1 - l0), "max_grad_rel_err": max(errs)}
+
+    def rel_err(g, ref):
+        return max(jax.tree.leaves(jax.tree.map(
+            lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30)), g, ref)))
+
+    (l1, g1), (l0, g0) = out[:2]
+    row = {"loss_sharded": l1, "loss_single": l0, "loss_diff": abs(l1 - l0), "max_grad_rel_err": rel_err(g1, g0)}
+    if dropless:
+        row.update(capacity_loss_diff=abs(out[2][0] - l0), capacity_grad_rel_err=rel_err(out[2][1], g0))
+    return row
 
 
 def main(argv: list[str]) -> None:
@@ -64,7 +81,8 @@ def main(argv: list[str]) -> None:
     for name, model, plan in PLANS:
         if only and name not in only:
             continue
-        print(json.dumps({"plan": name, **compare(model, plan, scan_pipeline=name.endswith("-scanned"))}), flush=True)
+        print(json.dumps({"plan": name, **compare(model, plan, scan_pipeline=name.endswith("-scanned"),
+                                                        dropless=name.endswith("-dropless"))}), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Collective bytes use the cost model's convention (costmodel.cost.Collective.bytes_each): the full, unsharded
 buffer on one device, i.e. all-reduce: its buffer; all-gather: the gathered output; reduce-scatter: the input
-(output x group size); all-to-all and collective-permute: the buffer sent.
+(output x group size); all-to-all and collective-permute: the buffer sent. A ragged all-to-all (dropless MoE)
+counts as an all-to-all of the smaller of its operand and its result: the rows a chip sends and gets back when the
+routing is balanced (the other is the receive buffer sized for the worst case).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16"
                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _OP_RE = re.compile(r"=\s*(?P<type>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
-                    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
+                    r"(?P<op>ragged-all-to-all|all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+                    r"(?P<start>-start)?\((?P<arg>%[\w.#-]+)?")
+_DEF_RE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.#-]+)\s*=\s*(\(.*?\)|[a-z0-9]+\[[0-9,]*\])")
 _SHAPE_RE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 
 
@@ -86,12 +90,17 @@ def _axes(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
 
 def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[HloCollective]:
     out = []
+    ragged = "ragged-all-to-all" in hlo_text  # then the operands' types are needed
+    types = {d.group(1): d.group(2) for ln in hlo_text.splitlines() if ragged and (d := _DEF_RE.match(ln))}
     for line in hlo_text.splitlines():
         m = _OP_RE.search(line)
         if not m or "-done" in line.split("=")[0]:
             continue
         kind, typ = m.group("op"), m.group("type")
         nbytes = shape_bytes(typ)
+        if kind == "ragged-all-to-all":
+            kind = "all-to-all"
+            nbytes = min(nbytes, shape_bytes(types.get((m.group("arg") or "%")[1:], typ)))
         if m.group("start") and typ.startswith("("):
             # async start: a tuple of (operands..., results...); count the results half
             parts = _SHAPE_RE.findall(typ)
@@ -146,6 +155,9 @@ def memory(compiled) -> dict[str, float]:
         return {}
     d = {k: float(getattr(ma, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
     d["peak"] = d["argument"] + d["output"] + d["temp"] - d["alias"]
+    # XLA's own peak of its buffer assignment (jax >= 0.5; on TPU below `peak`, whose temp is larger than the
+    # dumped assignment's: recorded beside it, MaxText's figure stays `peak`)
+    d["xla_peak"] = float(getattr(ma, "peak_memory_in_bytes", 0) or 0)
     return d
 
 

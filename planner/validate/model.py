@@ -1,8 +1,9 @@
 """A decoder-only transformer in plain JAX that follows a Plan's shardings and remat choices.
 
 RMSNorm, causal GQA attention (planner.validate.flash: blockwise with a flash-style backward, so no s x s scores
-are kept, as the cost model assumes), gated (SiLU) or plain (GeLU) MLP, optional MoE with top-k routing and
-per-sequence expert capacity (gather dispatch, so no dispatch matmuls), tied or untied embeddings,
+are kept, as the cost model assumes), gated (SiLU) or plain (GeLU) MLP, optional MoE with top-k routing, either
+with a per-sequence expert capacity (gather dispatch, so no dispatch matmuls; the CPU validator) or dropless as
+MaxText runs it (ragged all-to-all and grouped matmuls; the TPU compile, Setup.dropless), tied or untied embeddings,
 cross-entropy, and Adam written by hand. Parameters and Adam moments are fp32; the step casts the parameters to
 the compute dtype once (MaxText's weight_dtype=float32, dtype=bfloat16 convention; the CPU validator runs fp32).
 Layers are unrolled with a Python loop so that XLA's cost analysis counts each of them.
@@ -50,6 +51,7 @@ class Setup:
     flash_block: int = 512  # query / key block of the flash-style attention (planner.validate.flash)
     grad_clip: float = 0.0  # > 0: clip by global norm (MaxText's gradient_clipping_threshold, default 1.0)
     scan_pipeline: bool = False  # pp plans: the ticks as one lax.scan (planner.validate.pipeline.scanned_ticks)
+    dropless: bool = False  # dropless MoE (capacity_factor 0) as MaxText runs it (moe_dropless); else capacity 1
 
     @property
     def cdt(self):
@@ -252,6 +254,100 @@ def moe_mlp(cfg: Setup, sh: Sharder, p: dict, x):
     return sh.resid(y)
 
 
+def _exclusive_cumsum(x, axis: int = 0):
+    return jnp.cumsum(x, axis=axis) - x
+
+
+def _ragged_all_to_all(x, out, in_off, send, out_off, recv, axis: str, native: bool):
+    """jax.lax.ragged_all_to_all; XLA:CPU lacks it, so off TPU/GPU the same exchange as padded chunks (every
+    sender's chunk to each receiver padded to the sender's row count) over a dense all_to_all."""
+    if native:
+        return jax.lax.ragged_all_to_all(x, out, in_off, send, out_off, recv, axis_name=axis)
+    cap = x.shape[0]  # the most rows a sender can send one receiver
+    i = jnp.arange(cap)
+    rows = jnp.where(i[None] < send[:, None], in_off[:, None] + i[None], cap)  # [receivers, cap]; cap: padding
+    chunks = jnp.take(x, rows, axis=0, mode="fill", fill_value=0)
+    got = jax.lax.all_to_all(chunks, axis, 0, 0)  # got[j] = sender j's chunk for me
+    at = jax.lax.all_to_all(out_off[:, None], axis, 0, 0)[:, 0]  # where sender j writes into my buffer
+    dest = jnp.where(i[None] < recv[:, None], at[:, None] + i[None], out.shape[0])
+    return out.at[dest.reshape(-1)].set(got.reshape(-1, x.shape[1]), mode="drop")
+
+
+def _grouped_matmul(x, w, sizes, tpu: bool):
+    """Rows of x grouped by expert (sizes rows each, the rest padding) times that expert's weight: MaxText's
+    megablox grouped matmul on TPU (jax's copy of the kernel), jax.lax.ragged_dot elsewhere."""
+    if tpu:
+        from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+        return gmm(x, w, sizes, preferred_element_type=x.dtype)
+    return jax.lax.ragged_dot(x, w, sizes)
+
+
+def moe_dropless(cfg: Setup, sh: Sharder, p: dict, x):
+    """Dropless top-k MoE as MaxText 0.2.5 runs it (layers/moe.py, sparse_matmul): inside a shard_map over the
+    whole mesh each chip sorts its routed token copies by expert, sends each expert shard its rows with a ragged
+    all-to-all over ep into a receive buffer sized for the worst case (min(ep, experts / top_k) times the balanced
+    rows, MaxText's get_ragged_buffer_size), sorts them by local expert, runs the grouped matmuls on its experts
+    (weights all-gathered over their fsdp axes inside, so their gradients are reduce-scattered), sums the tp
+    partial outputs, and sends the rows back the same way."""
+    m, plan, mesh = cfg.model, cfg.plan, sh.mesh
+    e, k, ep = m.n_experts, m.experts_per_token, plan.ep
+    le = e // ep
+    native = mesh.devices.flat[0].platform in ("tpu", "gpu")
+    tpu = mesh.devices.flat[0].platform == "tpu"
+    x = sh(x, BATCH, "cp", None)
+    logits = sh(jnp.einsum("bsd,de->bse", x, p["router"]).astype(jnp.float32), BATCH, "cp", None)
+    gates, idx = _top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
+    gates = sh(gates / jnp.sum(gates, axis=-1, keepdims=True), BATCH, "cp", None)
+    idx = sh(idx, BATCH, "cp", None)
+    we = tuple(a for a in _w_axes(cfg) if a != "ep")
+
+    def local(x, gates, idx, wi, wo):
+        b, s, d = x.shape
+        t = b * s * k
+        # The gated MLP's two inputs as two grouped matmuls (MaxText's wi_0 and wi_1 kernels), each split off the
+        # local shard before its fsdp all-gather (whose transpose is the gradient's reduce-scatter).
+        ws = [wi[:, :, j] for j in range(wi.shape[2])] + [wo]
+        if we:
+            ws = [jax.lax.all_gather(w, we, axis=1 + (i == len(ws) - 1), tiled=True) for i, w in enumerate(ws)]
+        flat = idx.reshape(t)
+        order = jnp.argsort(flat, stable=True)
+        rows = jnp.take(x.reshape(b * s, d), order // k, axis=0)  # routed copies, sorted by expert
+        sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+        if ep > 1:
+            me = jax.lax.axis_index("ep")
+            to_shard = sizes.reshape(ep, le).sum(axis=1)  # rows for each expert shard
+            matrix = jax.lax.all_gather(to_shard, "ep")  # [sender, receiver]
+            buf = int(t * min(ep, e / k))  # MaxText's worst-case receive buffer
+            off_out = _exclusive_cumsum(matrix, 0)[me]  # where my chunk lands in each receiver's buffer
+            recv = matrix[:, me]
+            rows = _ragged_all_to_all(rows, jnp.zeros((buf, d), rows.dtype), _exclusive_cumsum(to_shard),
+                                      to_shard, off_out, recv, "ep", native)
+            local_sizes = jax.lax.dynamic_slice_in_dim(jax.lax.all_gather(sizes, "ep"), me * le, le, axis=1)
+            eid = jnp.repeat(jnp.tile(jnp.arange(le), ep), local_sizes.reshape(-1), total_repeat_length=buf)
+            eid = jnp.where(jnp.arange(buf) < jnp.sum(recv), eid, le)  # padding rows sort last
+            lorder = jnp.argsort(eid, stable=True)
+            rows, gsizes = jnp.take(rows, lorder, axis=0), jnp.sum(local_sizes, axis=0).astype(jnp.int32)
+        else:
+            gsizes = sizes
+        h = _act(m)(checkpoint_name(_grouped_matmul(rows, ws[0], gsizes, tpu), "mlpwi_0"))
+        if m.gated_mlp:
+            h = h * checkpoint_name(_grouped_matmul(rows, ws[1], gsizes, tpu), "mlpwi_1")
+        y = checkpoint_name(_grouped_matmul(h, ws[-1], gsizes, tpu), "mlpwo")
+        y = jax.lax.psum(y, "tp")  # the tp partial sums (a no-op at tp 1, where it only marks y tp-invariant)
+        if ep > 1:  # back to the chips the rows came from
+            y = jnp.take(y, jnp.argsort(lorder), axis=0)
+            y = _ragged_all_to_all(y, jnp.zeros((t, d), y.dtype), _exclusive_cumsum(recv), recv,
+                                   _exclusive_cumsum(matrix, 1)[:, me], to_shard, "ep", native)
+        y = jnp.take(y, jnp.argsort(order), axis=0).reshape(b, s, k, d)
+        return jnp.sum(y * gates[..., None].astype(y.dtype), axis=2)
+
+    tok = P(BATCH, "cp", None)
+    f = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, P("ep", we or None, None, "tp"),
+                                                  P("ep", "tp", we or None)), out_specs=tok, check_vma=not tpu)
+    return sh.resid(f(x, gates, idx, p["wi"], p["wo_mlp"]))
+
+
 def saved_names(plan: Plan) -> list[str]:
     """MaxText checkpoint names of the tensors the plan keeps on device."""
     ch = plan.remat.choices()
@@ -264,7 +360,7 @@ def layer_fn(cfg: Setup, sh: Sharder):
     def f(p, x):
         x = checkpoint_name(x, "decoder_layer_input")
         h = x + attention(cfg, sh, p, sh.unsplit(rmsnorm(x, p["norm1"])))
-        mlp = moe_mlp if m.is_moe else dense_mlp
+        mlp = (moe_dropless if cfg.dropless and m.capacity_factor == 0 else moe_mlp) if m.is_moe else dense_mlp
         return sh.resid(h + mlp(cfg, sh, p, sh.unsplit(rmsnorm(h, p["norm2"]))))
 
     plan = cfg.plan

@@ -37,7 +37,13 @@ from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.errors import InputError
-from planner.validate.compare import Check, _check, flash_flops_adjustment, predicted_collectives
+from planner.validate.compare import (
+    Check,
+    _check,
+    flash_flops_adjustment,
+    grouped_matmul_flops_adjustment,
+    predicted_collectives,
+)
 from planner.validate.hlo import split_computations
 
 # generation: (libtpu topology prefix, chip_config_name, hardware profile)
@@ -241,7 +247,7 @@ def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int =
     from planner.validate.model import Setup, build_step
 
     mesh = tpu_mesh(plan, devices)
-    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0)
+    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0, dropless=True)
     if scan:
         fn, args = scanned_step(cfg, mesh, unroll)
     else:
@@ -378,12 +384,6 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
         raise InputError(f"--tp: {m.name}'s {m.n_kv_heads} KV heads are not divisible by tp={plan.tp}")
 
 
-def routed_as_compiled(m: ModelSpec) -> ModelSpec:
-    """The model as the validator's step routes it: a dropless MoE gets capacity factor 1, the per-sequence
-    expert capacity planner.validate.model uses (not MaxText's worst-case ragged buffers)."""
-    return replace(m, capacity_factor=1.0) if m.is_moe and m.capacity_factor == 0 else m
-
-
 def tpu_job(plan: Plan, seq_len: int, scan: bool = True) -> Job:
     """The job the TPU compile runs and the cost model is asked about: one micro-batch per batch shard, bf16,
     MaxText's convention."""
@@ -419,8 +419,8 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
         how = f"unrolled, extrapolated from {a.layers} and {b.layers} layers to {m_full.n_layers}"
 
     chip = load_hardware(t.hardware)
-    cost = estimate(routed_as_compiled(m_full), chip, job, plan, t.chips)
-    extra = flash_flops_adjustment(m_full, job, plan, block)
+    cost = estimate(m_full, chip, job, plan, t.chips)
+    extra = flash_flops_adjustment(m_full, job, plan, block) + grouped_matmul_flops_adjustment(m_full, job, plan)
     res.predicted = {"memory_bytes": cost.peak_memory_bytes, "breakdown": dict(cost.memory),
                      "flops": cost.hardware_flops_per_step / plan.chips + extra, "flops_adjustment": extra}
     full, name = res.full, res.name
