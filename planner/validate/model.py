@@ -58,8 +58,12 @@ class Setup:
         return jnp.dtype(self.compute_dtype)
 
 
+def mesh_axes(plan: Plan) -> tuple[str, ...]:
+    return MESH_AXES if plan.pp == 1 else ("dp", "pp", "fsdp", "ep", "cp", "tp")  # pp plans: see pipeline.py
+
+
 def make_mesh(plan: Plan, devices=None) -> Mesh:
-    axes = MESH_AXES if plan.pp == 1 else ("dp", "pp", "fsdp", "ep", "cp", "tp")  # pp plans: see pipeline.py
+    axes = mesh_axes(plan)
     sizes = [getattr(plan, a) for a in axes]
     devs = list(devices if devices is not None else jax.devices())[: math.prod(sizes)]
     return Mesh(np.array(devs).reshape(sizes), axes)

@@ -42,6 +42,7 @@ from planner.validate.compare import (
     _check,
     flash_flops_adjustment,
     grouped_matmul_flops_adjustment,
+    pipeline_flops_adjustment,
     predicted_collectives,
 )
 from planner.validate.hlo import split_computations
@@ -130,14 +131,15 @@ def tpu_mesh(plan: Plan, devices: list):
     from jax.experimental import mesh_utils
     from jax.sharding import Mesh
 
-    from planner.validate.model import MESH_AXES
+    from planner.validate.model import mesh_axes
 
-    sizes = [getattr(plan, a) for a in MESH_AXES]
+    axes = mesh_axes(plan)
+    sizes = [getattr(plan, a) for a in axes]
     try:
         arr = mesh_utils.create_device_mesh(sizes, devices)
     except Exception:  # an odd shape mesh_utils cannot place: row-major order
         arr = np.array(devices).reshape(sizes)
-    return Mesh(arr, MESH_AXES)
+    return Mesh(arr, axes)
 
 
 @dataclass
@@ -240,14 +242,16 @@ def scanned_step(cfg, mesh, unroll: int = 1):
 
 
 def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int = 512, scan: bool = True,
-                 unroll: int = 1) -> Compiled:
+                 unroll: int = 1, scan_ticks: bool = False) -> Compiled:
     """Compile the validator's step for `m` (all its layers) on the topology's devices; scan: layers under
-    lax.scan (MaxText's layout, compile time independent of depth), else unrolled (planner.validate.model)."""
+    lax.scan (MaxText's layout, compile time independent of depth), else unrolled (planner.validate.model);
+    scan_ticks: a pp plan's pipeline ticks as one lax.scan (planner.validate.pipeline)."""
     from planner.validate import hlo
     from planner.validate.model import Setup, build_step
 
     mesh = tpu_mesh(plan, devices)
-    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0, dropless=True)
+    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0, dropless=True,
+                scan_pipeline=scan_ticks)
     if scan:
         fn, args = scanned_step(cfg, mesh, unroll)
     else:
@@ -373,7 +377,14 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
     if why:
         raise InputError(why)
     if plan.pp > 1:
-        raise InputError(f"--pp: the TPU compile does not run pipeline stages yet (pp={plan.pp}); use --pp 1")
+        from planner.validate.scale import pipeline_unsupported
+
+        if m.is_moe:
+            raise InputError(f"--pp: the TPU compile runs pipeline stages of dense models; {m.name} is MoE "
+                             "(use --pp 1)")
+        why = pipeline_unsupported(plan, m.n_layers, plan.pp)
+        if why:
+            raise InputError(why.replace("the scaled model's", f"{m.name}'s"))
     if m.is_mla or m.sliding_window or (m.is_moe and (m.n_dense_layers or m.n_shared_experts)):
         raise InputError(f"--target: the TPU compile runs GQA models whose layers are all alike at full width; "
                          f"{m.name} has MLA / sliding-window / leading dense or shared-expert layers (use e.g. "
@@ -385,9 +396,9 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
 
 
 def tpu_job(plan: Plan, seq_len: int, scan: bool = True) -> Job:
-    """The job the TPU compile runs and the cost model is asked about: one micro-batch per batch shard, bf16,
-    MaxText's convention."""
-    return Job(seq_len=seq_len, global_batch=plan.batch_shards * plan.micro_batch, precision="bf16",
+    """The job the TPU compile runs and the cost model is asked about: one micro-batch per batch shard (pp plans:
+    pp of them, MaxText's default num_pipeline_microbatches), bf16, MaxText's convention."""
+    return Job(seq_len=seq_len, global_batch=plan.batch_shards * plan.micro_batch * plan.pp, precision="bf16",
                framework="maxtext", scan_layers=scan)
 
 
@@ -400,7 +411,19 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
     devices = devices if devices is not None else topology_devices(t)
     job = tpu_job(plan, seq_len, scan)
     res.model, res.job = m_full, job
-    if scan:  # full depth, twice: one layer per scan iteration, then two (FLOPs: the body's share)
+    if plan.pp > 1:
+        # Memory: the full model with the pipeline ticks as one lax.scan, as MaxText iterates (planner.validate
+        # .compare does the same; memory is not linear in the depth here). FLOPs and collectives: the ticks
+        # unrolled, which XLA counts tick by tick, with one and two chunks of layers per stage, extrapolated.
+        chunks = plan.pp * plan.vpp
+        res.compiles = [compile_step(replace(m_full, n_layers=n * chunks), plan, job, devices, block, False)
+                        for n in (1, 2)]
+        res.full, res.per_layer = _extrapolate(*res.compiles, m_full.n_layers)
+        res.compiles.append(compile_step(m_full, plan, job, devices, block, False, scan_ticks=True))
+        res.full.update({k: v for k, v in _flat(res.compiles[-1]).items() if k.startswith("mem:")})
+        how = (f"the full {m_full.n_layers} layers, pipeline ticks under lax.scan (FLOPs and collectives: ticks "
+               f"unrolled, extrapolated from {chunks} and {2 * chunks} layers)")
+    elif scan:  # full depth, twice: one layer per scan iteration, then two (FLOPs: the body's share)
         for u in (1, 2):
             res.compiles.append(compile_step(m_full, plan, job, devices, block, True, u))
         a, b = res.compiles
@@ -420,7 +443,10 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
 
     chip = load_hardware(t.hardware)
     cost = estimate(m_full, chip, job, plan, t.chips)
-    extra = flash_flops_adjustment(m_full, job, plan, block) + grouped_matmul_flops_adjustment(m_full, job, plan)
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-batches (pp plans: pp)
+    extra = flash_flops_adjustment(m_full, job, plan, block) * accum / plan.pp  # (per chip: its stage's share)
+    extra += grouped_matmul_flops_adjustment(m_full, job, plan)
+    extra += pipeline_flops_adjustment(m_full, job, plan, cost.hardware_flops_per_step / plan.chips + extra)
     res.predicted = {"memory_bytes": cost.peak_memory_bytes, "breakdown": dict(cost.memory),
                      "flops": cost.hardware_flops_per_step / plan.chips + extra, "flops_adjustment": extra}
     full, name = res.full, res.name
@@ -432,7 +458,8 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
     res.checks.append(tpu_check(name, "state_bytes", state_pred, full["mem:argument"] - batch_bytes - 4,
                                 "fp32 weights + Adam moments (XLA: arguments less tokens, targets, step counter)"))
     res.checks.append(tpu_check(name, "flops", res.predicted["flops"], full["flops"],
-                                f"cost model + flash-attention block/recompute adjustment {extra:.4g}"))
+                                f"cost model + {extra:.4g} (flash-attention blocks and recompute, megablox worst-case "
+                                "rows, pipeline bubble)"))
     pred_coll = predicted_collectives(cost, plan, merge_rs=False)
     xla_coll = {k.split(":", 1)[1]: v for k, v in full.items() if k.startswith("coll:")}
     for kind in sorted(set(pred_coll) | set(xla_coll)):
@@ -444,6 +471,7 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
 def result_dict(r: TpuResult) -> dict:
     """JSON-friendly summary of one TPU validation (the checks go separately)."""
     return {"plan": r.name, "target": r.target.name, "error": r.error, "compile_s": r.compile_s,
-            "compiles": [{"layers": c.layers, "compile_s": c.compile_s, "memory": c.memory, "flops": c.flops,
+            "compiles": [{"layers": c.layers, "unroll": c.unroll, "compile_s": c.compile_s, "memory": c.memory,
+                          "flops": c.flops,
                           "collectives": c.collectives} for c in r.compiles],
             "extrapolated": r.full, "per_layer": r.per_layer, "predicted": r.predicted}
