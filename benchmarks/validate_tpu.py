@@ -61,8 +61,8 @@ topology (benchmarks/maxtext_memory, ids in MAXTEXT_ID; one sequence per batch s
 body's FLOPs).
 
 The validator's step and MaxText's agree within 8% on every plan but the pipeline one (-4% to +8%; pp: -28%,
-below), so the two TPU columns are two readings of the same program family. State (fp32 weights + mu + nu = 12 B/param) matches to 0.1% in every row:
-every difference is in temp.
+below), so the two TPU columns are two readings of the same program family. State (fp32 weights + mu + nu =
+12 B/param) matches to 0.1% in every row: every difference is in temp.
 Buffers, from the buffer assignment (XLA_FLAGS=--xla_dump_to=DIR, *memory-usage-report.txt):
   * as the cost model counts: one stacked bf16 compute copy of the layer weights (the cast is hoisted out of the
     loop; bf16[32,1024,14336] for wi_0 on llama3-8b fsdp 4) and one stacked fp32 gradient per weight

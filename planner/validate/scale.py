@@ -103,8 +103,9 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         e = min(m.n_experts, s.max_experts)
         e = _round_up(max(e, ep), ep)
         k = min(m.experts_per_token, 2, e)
-        # capacity factor 1: the validator routes with a per-sequence expert capacity (planner.validate.model
-        # .capacity), not MaxText's dropless ragged buffers (costmodel.memory.routed_buffer_factor)
+        # capacity factor 1: the CPU validator routes with a per-sequence expert capacity (planner.validate.model
+        # .capacity), not MaxText's dropless ragged buffers (costmodel.memory.routed_buffer_factor), which the TPU
+        # compile runs (planner.validate.model.moe_dropless; XLA:CPU lacks the ragged all-to-all)
         moe = dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, tp), n_dense_layers=0,
                    n_shared_experts=0, capacity_factor=1.0)
         if m.n_shared_experts or m.n_dense_layers:
