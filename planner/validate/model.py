@@ -287,6 +287,32 @@ def _grouped_matmul(x, w, sizes, tpu: bool):
     return jax.lax.ragged_dot(x, w, sizes)
 
 
+def _to_expert_shards(rows, sizes, ep: int, buf: int, native: bool):
+    """Send each expert shard (over 'ep') the rows for its experts, sorted by expert, into a receive buffer of `buf`
+    rows, then sort the buffer by local expert: (rows, local group sizes, what the way back needs)."""
+    le = sizes.shape[0] // ep
+    me = jax.lax.axis_index("ep")
+    to_shard = sizes.reshape(ep, le).sum(axis=1)  # rows for each expert shard
+    matrix = jax.lax.all_gather(to_shard, "ep")  # [sender, receiver]
+    recv = matrix[:, me]
+    rows = _ragged_all_to_all(rows, jnp.zeros((buf, rows.shape[1]), rows.dtype), _exclusive_cumsum(to_shard),
+                              to_shard, _exclusive_cumsum(matrix, 0)[me], recv, "ep", native)
+    local = jax.lax.dynamic_slice_in_dim(jax.lax.all_gather(sizes, "ep"), me * le, le, axis=1)  # [sender, le]
+    eid = jnp.repeat(jnp.tile(jnp.arange(le), ep), local.reshape(-1), total_repeat_length=buf)
+    eid = jnp.where(jnp.arange(buf) < jnp.sum(recv), eid, le)  # padding rows sort last
+    order = jnp.argsort(eid, stable=True)
+    back = (order, recv, _exclusive_cumsum(matrix, 1)[:, me], to_shard)
+    return jnp.take(rows, order, axis=0), jnp.sum(local, axis=0).astype(jnp.int32), back
+
+
+def _from_expert_shards(y, n_rows: int, back, native: bool):
+    """The experts' outputs back to the chips their rows came from, in the order they were sent."""
+    order, recv, offsets, sent = back
+    y = jnp.take(y, jnp.argsort(order), axis=0)
+    return _ragged_all_to_all(y, jnp.zeros((n_rows, y.shape[1]), y.dtype), _exclusive_cumsum(recv), recv, offsets,
+                              sent, "ep", native)
+
+
 def moe_dropless(cfg: Setup, sh: Sharder, p: dict, x):
     """Dropless top-k MoE as MaxText 0.2.5 runs it (layers/moe.py, sparse_matmul): inside a shard_map over the
     whole mesh each chip sorts its routed token copies by expert, sends each expert shard its rows with a ragged
@@ -296,9 +322,8 @@ def moe_dropless(cfg: Setup, sh: Sharder, p: dict, x):
     partial outputs, and sends the rows back the same way."""
     m, plan, mesh = cfg.model, cfg.plan, sh.mesh
     e, k, ep = m.n_experts, m.experts_per_token, plan.ep
-    le = e // ep
-    native = mesh.devices.flat[0].platform in ("tpu", "gpu")
-    tpu = mesh.devices.flat[0].platform == "tpu"
+    platform = mesh.devices.flat[0].platform
+    native, tpu = platform in ("tpu", "gpu"), platform == "tpu"
     x = sh(x, BATCH, "cp", None)
     logits = sh(jnp.einsum("bsd,de->bse", x, p["router"]).astype(jnp.float32), BATCH, "cp", None)
     gates, idx = _top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
@@ -318,35 +343,20 @@ def moe_dropless(cfg: Setup, sh: Sharder, p: dict, x):
         order = jnp.argsort(flat, stable=True)
         rows = jnp.take(x.reshape(b * s, d), order // k, axis=0)  # routed copies, sorted by expert
         sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
-        if ep > 1:
-            me = jax.lax.axis_index("ep")
-            to_shard = sizes.reshape(ep, le).sum(axis=1)  # rows for each expert shard
-            matrix = jax.lax.all_gather(to_shard, "ep")  # [sender, receiver]
-            buf = int(t * min(ep, e / k))  # MaxText's worst-case receive buffer
-            off_out = _exclusive_cumsum(matrix, 0)[me]  # where my chunk lands in each receiver's buffer
-            recv = matrix[:, me]
-            rows = _ragged_all_to_all(rows, jnp.zeros((buf, d), rows.dtype), _exclusive_cumsum(to_shard),
-                                      to_shard, off_out, recv, "ep", native)
-            local_sizes = jax.lax.dynamic_slice_in_dim(jax.lax.all_gather(sizes, "ep"), me * le, le, axis=1)
-            eid = jnp.repeat(jnp.tile(jnp.arange(le), ep), local_sizes.reshape(-1), total_repeat_length=buf)
-            eid = jnp.where(jnp.arange(buf) < jnp.sum(recv), eid, le)  # padding rows sort last
-            lorder = jnp.argsort(eid, stable=True)
-            rows, gsizes = jnp.take(rows, lorder, axis=0), jnp.sum(local_sizes, axis=0).astype(jnp.int32)
-        else:
-            gsizes = sizes
-        h = _act(m)(checkpoint_name(_grouped_matmul(rows, ws[0], gsizes, tpu), "mlpwi_0"))
+        if ep > 1:  # MaxText's worst-case receive buffer
+            rows, sizes, back = _to_expert_shards(rows, sizes, ep, int(t * min(ep, e / k)), native)
+        h = _act(m)(checkpoint_name(_grouped_matmul(rows, ws[0], sizes, tpu), "mlpwi_0"))
         if m.gated_mlp:
-            h = h * checkpoint_name(_grouped_matmul(rows, ws[1], gsizes, tpu), "mlpwi_1")
-        y = checkpoint_name(_grouped_matmul(h, ws[-1], gsizes, tpu), "mlpwo")
+            h = h * checkpoint_name(_grouped_matmul(rows, ws[1], sizes, tpu), "mlpwi_1")
+        y = checkpoint_name(_grouped_matmul(h, ws[-1], sizes, tpu), "mlpwo")
         y = jax.lax.psum(y, "tp")  # the tp partial sums (a no-op at tp 1, where it only marks y tp-invariant)
-        if ep > 1:  # back to the chips the rows came from
-            y = jnp.take(y, jnp.argsort(lorder), axis=0)
-            y = _ragged_all_to_all(y, jnp.zeros((t, d), y.dtype), _exclusive_cumsum(recv), recv,
-                                   _exclusive_cumsum(matrix, 1)[:, me], to_shard, "ep", native)
+        if ep > 1:
+            y = _from_expert_shards(y, t, back, native)
         y = jnp.take(y, jnp.argsort(order), axis=0).reshape(b, s, k, d)
         return jnp.sum(y * gates[..., None].astype(y.dtype), axis=2)
 
     tok = P(BATCH, "cp", None)
+    # check_vma off on TPU: the megablox kernel's output carries no varying-axes type inside the shard_map
     f = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, P("ep", we or None, None, "tp"),
                                                   P("ep", "tp", we or None)), out_specs=tok, check_vma=not tpu)
     return sh.resid(f(x, gates, idx, p["wi"], p["wo_mlp"]))
