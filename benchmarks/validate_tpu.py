@@ -127,7 +127,10 @@ validator's step is a leaner program than MaxText's, not a reading of it; the ro
 from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
 XLA:TPU's memory_analysis() reports 2.5-6.2 GB more temp than the buffer assignment it dumps (sum of
 *buffer-assignment.txt allocations, e.g. 32.57 vs 38.76 GB on MaxText's ep row, 38.17 vs 43.01 GB on llama3-8b
-fsdp 4 full); the loop rules above were read off memory_analysis() and absorb that difference.
+fsdp 4 full); the loop rules above were read off memory_analysis() and absorb that difference. Its
+peak_memory_in_bytes (mem:xla_peak in the results json) follows the buffer assignment and sits 2.1-8.2 GB below
+argument + output - alias + temp on every plan here; the comparison keeps the latter, the total MaxText prints
+(maxtext/utils/max_utils.py), and the cost model is 10-27% above XLA's peak figure (the pipeline plan: +54%).
 Collectives: all-gather bytes within 8% on every plan (weights forward and backward; under tp the norm outputs
 gathered before the column-split matmuls and again in the backward pass); the embedding rows' all-to-all exact.
 reduce-scatter: XLA reduces the bf16 gradient of the compute copy (2 B/param; the cost model counts that since
