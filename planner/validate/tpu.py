@@ -402,15 +402,10 @@ def tpu_job(plan: Plan, seq_len: int, scan: bool = True) -> Job:
                framework="maxtext", scan_layers=scan)
 
 
-def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Target,
-              layers: tuple[int, int], block: int, devices: list | None, scan: bool) -> None:
-    from costmodel.estimate import estimate
-    from hardware.catalog import load_hardware
-
-    check_tpu_plan(m_full, plan, seq_len, t)
-    devices = devices if devices is not None else topology_devices(t)
-    job = tpu_job(plan, seq_len, scan)
-    res.model, res.job = m_full, job
+def _compile_figures(res: TpuResult, m_full: ModelSpec, plan: Plan, job: Job, devices: list,
+                     layers: tuple[int, int], block: int, scan: bool) -> str:
+    """Compile the step (as many times as the layout needs), fill res.compiles, res.full (the full model's
+    figures) and res.per_layer; returns how the figures were obtained."""
     if plan.pp > 1:
         # Memory: the full model with the pipeline ticks as one lax.scan, as MaxText iterates (planner.validate
         # .compare does the same; memory is not linear in the depth here). FLOPs and collectives: the ticks
@@ -440,7 +435,19 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
         a, b = res.compiles
         res.full, res.per_layer = _extrapolate(a, b, m_full.n_layers)
         how = f"unrolled, extrapolated from {a.layers} and {b.layers} layers to {m_full.n_layers}"
+    return how
 
+
+def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Target,
+              layers: tuple[int, int], block: int, devices: list | None, scan: bool) -> None:
+    from costmodel.estimate import estimate
+    from hardware.catalog import load_hardware
+
+    check_tpu_plan(m_full, plan, seq_len, t)
+    devices = devices if devices is not None else topology_devices(t)
+    job = tpu_job(plan, seq_len, scan)
+    res.model, res.job = m_full, job
+    how = _compile_figures(res, m_full, plan, job, devices, layers, block, scan)
     chip = load_hardware(t.hardware)
     cost = estimate(m_full, chip, job, plan, t.chips)
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-batches (pp plans: pp)
