@@ -121,9 +121,10 @@ compiles dense pp plans since 2026-12-01): FLOPs -0.1% (bubble ticks included, p
 +39.9% against the validator's step, +0.5% against MaxText's own compile of the same plan (31.26 GB): the cost
 model counts what MaxText's pipeline holds (costmodel.memory.maxtext_stage_buffers: the whole stage's bf16
 gradients, reduced only after the iteration loop, and its gathered bf16 weights, 13 GB here), while XLA:TPU
-schedules the validator's pipeline (planner.validate.pipeline, ticks under lax.scan) with no buffer above 250 MB
-(the logits; one gathered bf16[4096, 2, 11008] MLP input per stage layer, 172 MB each): 22.45 GB. Here the
-validator's step is a leaner program than MaxText's, not a reading of it; the row stays as a miss. Memory comes
+holds 22.45 GB on the validator's pipeline (planner.validate.pipeline, ticks under lax.scan): no buffer above
+250 MB (the logits), the stage's gathered bf16[4096, 2, 11008] MLP inputs (172 MB each) among the largest; which
+of MaxText's stage buffers it does without was not traced. Here the validator's step is a leaner program than
+MaxText's, not a reading of it; the row stays as a miss. Memory comes
 from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
 XLA:TPU's memory_analysis() reports 2.5-6.2 GB more temp than the buffer assignment it dumps (sum of
 *buffer-assignment.txt allocations, e.g. 32.57 vs 38.76 GB on MaxText's ep row, 38.17 vs 43.01 GB on llama3-8b
