@@ -42,7 +42,8 @@ def test_bad_plan_for_target():
         check_tpu_plan(replace(moe, n_shared_experts=1), Plan(fsdp=2, ep=4), 1024, parse_target("tpu-v5p:2x2x2"))
     # pipeline stages compile for dense models whose layers split evenly over the stages
     check_tpu_plan(SMALL, Plan(pp=2, fsdp=4), 1024, parse_target("tpu-v5p:2x2x2"))
-    with pytest.raises(InputError, match=r"small-llama's 8 layers do not split evenly over 16 stages"):
+    with pytest.raises(InputError, match=r"small-llama's 8 layers do not split evenly over pp=16 chunks; use a pp "
+                                         r"that divides 8"):
         check_tpu_plan(SMALL, Plan(pp=16), 1024, parse_target("tpu-v5p:2x4x2"))
     with pytest.raises(InputError, match="dense models; small-moe is MoE"):
         check_tpu_plan(replace(moe, name="small-moe"), Plan(pp=2, ep=4), 1024, parse_target("tpu-v5p:2x2x2"))

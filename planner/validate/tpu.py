@@ -376,15 +376,14 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
     why = unsupported(plan)
     if why:
         raise InputError(why)
-    if plan.pp > 1:
-        from planner.validate.scale import pipeline_unsupported
-
+    if plan.pp > 1:  # (pp micro-batches, tpu_job: the pipeline's micro-batch rules hold)
         if m.is_moe:
             raise InputError(f"--pp: the TPU compile runs pipeline stages of dense models; {m.name} is MoE "
                              "(use --pp 1)")
-        why = pipeline_unsupported(plan, m.n_layers, plan.pp)
-        if why:
-            raise InputError(why.replace("the scaled model's", f"{m.name}'s"))
+        if m.n_layers % (plan.pp * plan.vpp):
+            what = f"pp={plan.pp}" + (f" x vpp={plan.vpp}" if plan.vpp > 1 else "")
+            raise InputError(f"--pp: {m.name}'s {m.n_layers} layers do not split evenly over {what} chunks; use "
+                             f"a pp{' x vpp' if plan.vpp > 1 else ''} that divides {m.n_layers}")
     if m.is_mla or m.sliding_window or (m.is_moe and (m.n_dense_layers or m.n_shared_experts)):
         raise InputError(f"--target: the TPU compile runs GQA models whose layers are all alike at full width; "
                          f"{m.name} has MLA / sliding-window / leading dense or shared-expert layers (use e.g. "
