@@ -131,7 +131,27 @@ def report(rows: list[dict]) -> str:
     ooms = [r for r in rows if r["xla_bytes"] is None]
     if ooms:
         s.write(f"\nOOM rows predicted not to fit: {sum(not r['fits'] for r in ooms)}/{len(ooms)}")
-    return s.getvalue() + "\n"
+    return s.getvalue() + "\n" + peak_report(rows)
+
+
+def peak_report(rows: list[dict]) -> str:
+    """XLA's peak_memory_in_bytes (maxtext_memory/xla_peaks.csv, read with peak_probe/) beside the printed total
+    that the rows above compare with; configurations with host offload are left out (their peak counts host
+    buffers)."""
+    path = HERE / "xla_peaks.csv"
+    if not path.exists():
+        return ""
+    peaks = {r["id"]: float(r["xla_peak_bytes"]) for r in csv.DictReader(path.open())
+             if r["status"] == "ok" and r["xla_peak_bytes"] and not float(r["host_temp_bytes"] or 0)}
+    pairs = [(r, peaks[r["id"]]) for r in rows if r["xla_bytes"] is not None and r["id"] in peaks]
+    if not pairs:
+        return ""
+    below = sorted((r["xla_bytes"] - p) / r["xla_bytes"] * 100 for r, p in pairs)
+    errs = [(r["predicted_bytes"] - p) / p * 100 for r, p in pairs]
+    return (f"\nXLA's own peak (peak_memory_in_bytes, {len(pairs)} compiles without host offload): "
+            f"{below[0]:.1f}-{below[-1]:.1f}% below the printed total (median {below[len(below) // 2]:.1f}%); "
+            f"the cost model against the peak: mean {sum(errs) / len(errs):+.1f}%, within 5%: "
+            f"{sum(abs(e) <= 5 for e in errs)}/{len(errs)}\n")
 
 
 def main() -> None:
