@@ -98,7 +98,8 @@ def predict(m: ModelSpec, chip: Chip, job: Job, plan: Plan, act_bytes: int = 4) 
 
 
 def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512) -> float:
-    """Per-chip attention FLOPs the flash-style attention computes beyond the cost model's count.
+    """Per-chip attention FLOPs per step the flash-style attention computes beyond the cost model's count (every
+    micro-batch; under pp a chip runs its stage's share of the layers).
 
     The cost model counts causal attention at s/2 keys per query: A per layer forward, 2A backward, A more when
     the context is recomputed. planner.validate.flash computes whole blocks on the diagonal ((B+1)/2B of the s x s
@@ -113,7 +114,8 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
     fwd, bwd = attention_flops(plan.micro_batch, plan.cp, job.seq_len // plan.cp, job.seq_len,
                                m.n_heads // plan.tp, m.head_dim, block)
     fwd, bwd = fwd / plan.cp, bwd / plan.cp  # the cp rows are split over the chips
-    return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a)
+    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-batches per step
+    return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a) * accum / plan.pp
 
 
 def grouped_matmul_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float:
@@ -293,8 +295,7 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     res.predicted_step_s = cost.step_time_s
     name = res.name
     # FLOPs per device
-    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-steps (pipeline plans only)
-    extra = flash_flops_adjustment(small, job, plan, block) * accum / plan.pp
+    extra = flash_flops_adjustment(small, job, plan, block)
     pred_flops = cost.hardware_flops_per_step / plan.chips + extra
     why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + flash-attention blocks {extra:.4g}"
     if plan.pp > 1:

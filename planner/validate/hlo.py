@@ -20,7 +20,6 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective
 _OP_RE = re.compile(r"=\s*(?P<type>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
                     r"(?P<op>ragged-all-to-all|all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                     r"(?P<start>-start)?\((?P<arg>%[\w.#-]+)?")
-_DEF_RE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.#-]+)\s*=\s*(\(.*?\)|[a-z0-9]+\[[0-9,]*\])")
 _SHAPE_RE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 
 
@@ -90,9 +89,10 @@ def _axes(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
 
 def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[HloCollective]:
     out = []
-    ragged = "ragged-all-to-all" in hlo_text  # then the operands' types are needed
-    types = {d.group(1): d.group(2) for ln in hlo_text.splitlines() if ragged and (d := _DEF_RE.match(ln))}
-    for line in hlo_text.splitlines():
+    lines = hlo_text.splitlines()
+    types = ({d.group(1): d.group(2) for ln in lines if (d := _INSTR_RE.match(ln))}  # a ragged one's operand
+             if "ragged-all-to-all" in hlo_text else {})
+    for line in lines:
         m = _OP_RE.search(line)
         if not m or "-done" in line.split("=")[0]:
             continue

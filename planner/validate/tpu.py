@@ -449,8 +449,7 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
     how = _compile_figures(res, m_full, plan, job, devices, layers, block, scan)
     chip = load_hardware(t.hardware)
     cost = estimate(m_full, chip, job, plan, t.chips)
-    accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-batches (pp plans: pp)
-    extra = flash_flops_adjustment(m_full, job, plan, block) * accum / plan.pp  # (per chip: its stage's share)
+    extra = flash_flops_adjustment(m_full, job, plan, block)
     extra += grouped_matmul_flops_adjustment(m_full, job, plan)
     extra += pipeline_flops_adjustment(m_full, job, plan, cost.hardware_flops_per_step / plan.chips + extra)
     res.predicted = {"memory_bytes": cost.peak_memory_bytes, "breakdown": dict(cost.memory),
