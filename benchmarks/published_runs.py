@@ -25,11 +25,13 @@ def report(file: Path) -> str:
     out = io.StringIO()
     ok = [r for r in rows if "error_pct" in r]
     out.write(f"# published runs: {file.name}: {len(ok)} estimated, {len(skipped)} skipped\n")
-    out.write(f"{'id':48s} {'hardware':10s} {'pred s':>9s} {'meas s':>9s} {'err %':>7s} {'mem GiB':>8s} fits\n")
+    out.write(f"{'id':48s} {'hardware':10s} {'pred s':>9s} {'meas s':>9s} {'err %':>7s} {'mem GiB':>8s} "
+              f"{'fit GiB':>8s} fits\n")
     for r in ok:
         out.write(f"{r['id']:48s} {r['hardware']:10s} {r['predicted_step_time_s']:9.3f} "
                   f"{r['measured_step_time_s']:9.3f} {r['error_pct']:+7.1f} "
-                  f"{r['predicted_peak_memory_bytes'] / 2**30:8.1f} {r['fits']}\n")
+                  f"{r['predicted_peak_memory_bytes'] / 2**30:8.1f} {r['predicted_fit_memory_bytes'] / 2**30:8.1f} "
+                  f"{r['fits']}\n")
     for k, v in skipped.items():
         out.write(f"{k:48s} skipped: {v}\n")
     out.write("\n# MAPE (%)\n")
@@ -41,6 +43,8 @@ def report(file: Path) -> str:
     out.write(f"{'rows within 25%':40s} {within}/{len(ok)}\n")
     fits = sum(bool(r["fits"]) for r in ok)
     out.write(f"{'rows predicted to fit in memory':40s} {fits}/{len(ok)}\n")
+    out.write("(mem GiB: the predicted peak, under MaxText XLA's memory_analysis() total; fit GiB: what the fit check\n"
+              " reads, under MaxText the floor XLA compiles into, costmodel.memory.fit_floor_bytes)\n")
     return out.getvalue()
 
 

@@ -177,9 +177,15 @@ def print_explanation(ex, console: Console | None = None) -> None:
             mt.add_row(k, f"{v / GIB:.2f}", f"{v / c.hbm_usable_bytes * 100:.1f} %", _bar(start, v, scale, "green"))
             start += v
     head = ex.headroom_bytes
+    floor = c.fit_memory_bytes < c.peak_memory_bytes
     mt.add_row("[bold]total[/bold]", f"[bold]{c.peak_memory_bytes / GIB:.2f}[/bold]",
                f"{c.peak_memory_bytes / c.hbm_usable_bytes * 100:.1f} %",
-               f"headroom {head / GIB:.1f} GiB" if head >= 0 else f"[red]over by {-head / GIB:.1f} GiB[/red]")
+               "" if floor else f"headroom {head / GIB:.1f} GiB" if head >= 0 else
+               f"[red]over by {-head / GIB:.1f} GiB[/red]")
+    if floor:  # costmodel.memory.fit_floor_bytes
+        mt.add_row("least XLA needs", f"{c.fit_memory_bytes / GIB:.2f}",
+                   f"{c.fit_memory_bytes / c.hbm_usable_bytes * 100:.1f} %",
+                   f"headroom {head / GIB:.1f} GiB" if head >= 0 else f"[red]over by {-head / GIB:.1f} GiB[/red]")
     if c.host_memory_bytes:
         mt.add_row("host memory", f"{c.host_memory_bytes / GIB:.2f}", "", "fits" if c.host_fits else "[red]over[/red]")
     console.print(mt)

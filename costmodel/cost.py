@@ -28,8 +28,8 @@ class Cost:
     tflops_per_chip: float  # model TFLOP/s per chip (MFU numerator)
     peak_memory_bytes: float  # per chip, the busiest pipeline stage
     hbm_usable_bytes: float
-    fits: bool
-    overflow_bytes: float  # peak - usable, 0 when it fits
+    fits: bool  # fit_memory_bytes <= usable HBM (and host memory within the host's)
+    overflow_bytes: float  # fit_memory_bytes - usable, 0 when it fits
     host_memory_bytes: float  # per chip, used by offload
     host_fits: bool
     grad_accum: int
@@ -40,6 +40,8 @@ class Cost:
     collectives: tuple[Collective, ...] = ()
     vector_flops_per_step: float = 0.0  # element-wise FLOPs (costmodel.flops.layer_vector_flops), all chips
     convention: str = ""  # state convention used for memory ('maxtext' fp32 weights / 'megatron' bf16 + master)
+    # the least HBM the step needs (costmodel.memory.fit_floor_bytes under XLA, else peak_memory_bytes)
+    fit_memory_bytes: float = 0.0
 
     @property
     def dominant(self) -> str:
@@ -50,6 +52,7 @@ class Cost:
         return {
             "step_time_s": self.step_time_s, "mfu": self.mfu, "hfu": self.hfu, "tokens_per_s": self.tokens_per_s,
             "tflops_per_chip": self.tflops_per_chip, "peak_memory_bytes": self.peak_memory_bytes,
+            "fit_memory_bytes": self.fit_memory_bytes,
             "hbm_usable_bytes": self.hbm_usable_bytes, "fits": self.fits, "overflow_bytes": self.overflow_bytes,
             "host_memory_bytes": self.host_memory_bytes, "host_fits": self.host_fits,
             "grad_accum": self.grad_accum, "model_flops_per_step": self.model_flops_per_step,

@@ -441,8 +441,8 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         tflops_per_chip=model_flops / (step * chips_n) / 1e12,
         peak_memory_bytes=mem.peak_bytes,
         hbm_usable_bytes=usable,
-        fits=mem.peak_bytes <= usable and mem.host_bytes <= chip.host_mem_bytes,
-        overflow_bytes=max(0.0, mem.peak_bytes - usable),
+        fits=mem.fit_bytes <= usable and mem.host_bytes <= chip.host_mem_bytes,
+        overflow_bytes=max(0.0, mem.fit_bytes - usable),
         host_memory_bytes=mem.host_bytes,
         host_fits=mem.host_bytes <= chip.host_mem_bytes,
         grad_accum=accum,
@@ -453,4 +453,5 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         memory=dict(mem.breakdown),
         collectives=tuple(colls),
         convention=mem.convention,
+        fit_memory_bytes=mem.fit_bytes,
     )

@@ -178,7 +178,8 @@ def evaluate(cases: list[Case], chips: dict[str, Chip] | None = None) -> list[di
         err = (cost.step_time_s - c.measured_step_time_s) / c.measured_step_time_s * 100
         rows.append({"id": c.id, "source": c.source, "hardware": c.chip.name,
                      "predicted_step_time_s": cost.step_time_s, "measured_step_time_s": c.measured_step_time_s,
-                     "error_pct": err, "predicted_peak_memory_bytes": cost.peak_memory_bytes, "fits": cost.fits,
+                     "error_pct": err, "predicted_peak_memory_bytes": cost.peak_memory_bytes,
+                     "predicted_fit_memory_bytes": cost.fit_memory_bytes, "fits": cost.fits,
                      "mfu": cost.mfu})
     return rows
 

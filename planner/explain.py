@@ -102,7 +102,7 @@ class Explanation:
 
     @property
     def headroom_bytes(self) -> float:
-        return self.cost.hbm_usable_bytes - self.cost.peak_memory_bytes
+        return self.cost.hbm_usable_bytes - self.cost.fit_memory_bytes
 
     @property
     def costed_what_ifs(self) -> list[WhatIf]:
@@ -122,6 +122,7 @@ class Explanation:
             "step_time_s": self.cost.step_time_s, "mfu": self.cost.mfu, "fits": self.cost.fits,
             "waterfall": [t.to_dict() for t in self.waterfall],
             "memory": {"categories_bytes": dict(self.memory), "peak_bytes": self.cost.peak_memory_bytes,
+                       "fit_bytes": self.cost.fit_memory_bytes,
                        "usable_bytes": self.cost.hbm_usable_bytes, "headroom_bytes": self.headroom_bytes,
                        "host_bytes": self.cost.host_memory_bytes},
             "bottleneck": dict(self.bottleneck.__dict__),
@@ -277,7 +278,7 @@ def _advice(term: str, share: float, cost: Cost, chip: Chip, job: Job, plan: Pla
                 "larger per-chip matmuls (lower tp, bigger micro-batch) or more chips")
     if term == "recompute":
         lighter, _ = remat_neighbours(plan.remat, job)
-        head = (cost.hbm_usable_bytes - cost.peak_memory_bytes) / 2**30
+        head = (cost.hbm_usable_bytes - cost.fit_memory_bytes) / 2**30
         alt = f"a lighter remat policy ({lighter})" if lighter else "a lighter remat policy"
         return (f"recomputation takes {p} of the step",
                 f"{alt} saves it if memory allows ({head:.1f} GiB headroom per chip), or offload saved tensors")
@@ -347,9 +348,9 @@ def bottleneck(cost: Cost, chip: Chip, job: Job, plan: Plan) -> Bottleneck:
     else:
         sentence = f"{_cap(what)}: {fix}"
     if not cost.fits:
-        if cost.peak_memory_bytes > cost.hbm_usable_bytes:
+        if cost.fit_memory_bytes > cost.hbm_usable_bytes:
             big = max(cost.memory, key=cost.memory.get)
-            msg = (f"Does not fit: {cost.peak_memory_bytes / 2**30:.1f} GiB per chip against "
+            msg = (f"Does not fit: {cost.fit_memory_bytes / 2**30:.1f} GiB per chip against "
                    f"{cost.hbm_usable_bytes / 2**30:.1f} GiB usable ({big} is the largest at "
                    f"{cost.memory[big] / 2**30:.1f} GiB): heavier remat, more fsdp/tp/pp, or offload")
         else:

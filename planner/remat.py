@@ -17,12 +17,12 @@ How (identical layers share one decision, so there are only 6 tensors + 2 switch
                                                                               hidden behind backward + recompute)
             + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
                                                                               each layer's forward / backward)
-     HBM   = R0 + w_o*o + w_p*p + act(KS) + loop,  KS = B + xi*NR + sum_t (b_t if NR else a_t) * D_t
-             act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage;
-             MaxText: inflight*KS + logits, every stage runs the same program)
-             loop = MaxText's scanned-layer buffers (costmodel.memory.xla_loop_extra_bytes): with something
-             recomputed, KS itself when only the layer input is kept, else min(KS, G), plus min(KS, G) under tp
-             (G: the fp32 layer gradients on the chip); exact in CP-SAT through big-M links
+     HBM   = R0 + w_o*o + w_p*p + act(KS),  KS = B + xi*NR + sum_t (b_t if NR else a_t) * D_t
+             act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage);
+             MaxText: the fit floor (costmodel.memory.fit_floor_bytes), act = inflight*KS with the logits
+             phase in R0 (it does not depend on the remat choices), plus under tp the scanned loop's buffer
+             min(KS, G) once something is recomputed (G: the fp32 layer gradients on the chip), exact in CP-SAT
+             through big-M links
      host  = sum_t eta_t*O_t + h_o*o + h_p*p
    R/D/O_t: tensor t recomputed / kept / offloaded; A: any tensor whose remat reruns an op (memory-bound ops
    then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too, and
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from costmodel.cost import Cost
 from costmodel.estimate import estimate, stage_times
 from costmodel.job import Job
-from costmodel.memory import maxtext_pipeline, memory_terms, pipeline_inflight
+from costmodel.memory import maxtext_pipeline, memory_terms, pipeline_inflight, schedules_to_hbm
 from costmodel.model import ModelSpec
 from costmodel.plan import CHOICES, REMAT_POLICIES, TENSORS, Remat
 from hardware.chip import Chip
@@ -189,9 +189,10 @@ class Surrogate:
     logits: float = 0.0
     inflight: float = 1.0
     same_stages: bool = False  # pp > 1 under MaxText: every stage holds inflight * KS + logits (no first/last)
-    # MaxText's scanned layer loop (costmodel.memory.xla_loop_extra_bytes), exact: with something recomputed,
-    # one more buffer of S (the kept tensors' stack, sum_t a_t*D_t) when only the layer input is kept, else of
-    # min(S, G); under tp a further min(S, G). G: the fp32 layer gradients on this chip (0: no scanned loop).
+    xla_floor: bool = False  # MaxText: hbm() models the fit floor (Cost.fit_memory_bytes), not the peak
+    # MaxText under tp: the scanned loop's buffer the fit floor keeps (costmodel.memory.xla_loop_tp_bytes), exact:
+    # with something recomputed, min(S, G), S the kept tensors' stack (B + sum_t a_t*D_t), G the fp32 layer
+    # gradients on this chip (0: no scanned loop).
     loop_G: float = 0.0
     loop_tp: bool = False
     eta: dict[str, float] = field(default_factory=dict)
@@ -222,16 +223,15 @@ class Surrogate:
 
     def loop(self, ch: Choice) -> float:
         c = ch.remat.choices()
-        if not self.loop_G or not any(c[t] == "remat" for t in TENSORS):
+        if not (self.loop_G and self.loop_tp) or not any(c[t] == "remat" for t in TENSORS):
             return 0.0
-        stack = self.B + sum(self.a[t] for t in TENSORS if c[t] == "device")
-        low = min(stack, self.loop_G)
-        only_input = [t for t in TENSORS if c[t] == "device"] == ["layer_input"]
-        return (stack if only_input else low) + (low if self.loop_tp else 0.0)
+        return min(self.B + sum(self.a[t] for t in TENSORS if c[t] == "device"), self.loop_G)
 
     def hbm(self, ch: Choice) -> float:
         rest = self.R0 + self.w_o * ch.offload_optimizer + self.w_p * ch.offload_params + self.loop(ch)
         ks = self.ks(ch)
+        if self.xla_floor:  # costmodel.memory.fit_floor_bytes: the logits phase folded into R0
+            return rest + self.inflight * ks
         if self.mesh.pp == 1 or self.same_stages:
             return rest + self.inflight * ks + self.logits
         return rest + max(self.inflight * ks, ks + self.logits)
@@ -244,7 +244,7 @@ class Surrogate:
     def check(self, ch: Choice, cost: Cost) -> None:
         """Compare with a probe; on a miss, mark the surrogate inexact (the mesh is then brute-forced)."""
         for what, mine, theirs, scale in (("time", self.time(ch), cost.step_time_s, cost.step_time_s),
-                                          ("hbm", self.hbm(ch), cost.peak_memory_bytes, cost.peak_memory_bytes),
+                                          ("hbm", self.hbm(ch), cost.fit_memory_bytes, cost.peak_memory_bytes),
                                           ("host", self.host(ch), cost.host_memory_bytes, cost.peak_memory_bytes)):
             if not _close(mine, theirs, scale):
                 self.exact = False
@@ -320,7 +320,10 @@ class Surrogate:
                 ks.append((y, round(self.b[t]) - round(self.a[t])))
         rest = [(o, round(self.w_o)), (p, round(self.w_p))] + self._loop_terms(P, D, nr)
         cap = math.floor(self.usable_hbm - self.R0 - self.B)
-        if self.mesh.pp == 1:
+        if self.xla_floor:
+            P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
+                  ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B))
+        elif self.mesh.pp == 1:
             P.add(rest + ks, ub=math.floor(cap - self.logits))
         elif self.same_stages:
             P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
@@ -336,28 +339,17 @@ class Surrogate:
         return P, x, o, p
 
     def _loop_terms(self, P: Program, D: dict[str, int], nr: int) -> list[tuple[int, int]]:
-        """Memory terms of the scanned-loop buffers (loop()), exact through big-M links: E1 >= S when only the
-        layer input is kept (z), else E1 >= min(S, G) (w picks the smaller); E2 >= min(S, G) under tp; both
-        0 when nothing is recomputed (nr). The memory constraint only bounds them from above, so the solver
-        never sets them higher than needed."""
-        if not self.loop_G:
+        """loop() in CP-SAT, exact through big-M links: E >= min(S, G) (w picks the smaller), 0 when nothing is
+        recomputed (nr). The memory constraint only bounds E from above, so the solver never sets it higher."""
+        if not (self.loop_G and self.loop_tp):
             return []
         S = [(D[t], round(self.a[t])) for t in TENSORS]  # S = B + sum(S)
         B, G = round(self.B), round(self.loop_G)
         M = B + sum(max(c, 0) for _, c in S) + G + 1
-        z, w = P.bool(), P.bool()
-        # z = 1 whenever the layer input is the only tensor kept and something is recomputed
-        P.add([(z, 1), (D["layer_input"], -1), (nr, 1)] + [(D[t], 1) for t in TENSORS if t != "layer_input"], lb=0)
-        out = []
-        for relax_z in (True, False) if self.loop_tp else (True,):
-            e = P.int(0, M)
-            zr = [(z, M)] if relax_z else []
-            if relax_z:  # only the layer input kept: E1 >= S
-                P.add([(e, 1)] + [(v, -c) for v, c in S] + [(z, -M), (nr, M)], lb=B - M)
-            P.add([(e, 1)] + [(v, -c) for v, c in S] + [(w, M), (nr, M)] + zr, lb=B)  # E >= S unless w
-            P.add([(e, 1), (w, -M), (nr, M)] + zr, lb=G - M)  # E >= G if w
-            out.append((e, 1))
-        return out
+        e, w = P.int(0, M), P.bool()
+        P.add([(e, 1)] + [(v, -c) for v, c in S] + [(w, M), (nr, M)], lb=B)  # E >= S unless w
+        P.add([(e, 1), (w, -M), (nr, M)], lb=G - M)  # E >= G if w
+        return [(e, 1)]
 
 
 # ---- probing ----------------------------------------------------------------------------------------------
@@ -418,10 +410,15 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     def lin(c: Cost) -> float:
         return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations") - regather(c)
 
-    def rest(c: Cost) -> float:
-        return c.peak_memory_bytes - _act(c) - c.memory.get("loop_buffers", 0.0)
+    s.xla_floor = schedules_to_hbm(job)
 
-    s.loop_G = memory_terms(m, chip, job, mesh.plan(), c0.grad_accum).loop_grad_bytes
+    def rest(c: Cost) -> float:
+        if s.xla_floor:
+            return c.fit_memory_bytes - c.memory.get("activations", 0.0)
+        return c.peak_memory_bytes - _act(c)
+
+    # (the probes rest() reads recompute nothing, so the fit floor's loop buffer is 0 in them)
+    s.loop_G = memory_terms(m, chip, job, mesh.plan(), c0.grad_accum).loop_grad_bytes if s.xla_floor else 0.0
     s.loop_tp = mesh.tp > 1
 
     # ---- per-mesh terms: communication and model state ----
@@ -556,7 +553,7 @@ def brute_force(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraint
     choices = all_choices(cons)
     for ch in choices:
         cost = evaluate(m, chip, job, mesh, ch)
-        min_hbm = min(min_hbm, cost.peak_memory_bytes)
+        min_hbm = min(min_hbm, cost.fit_memory_bytes)
         if cost.fits and (best is None or result_key(cost, mesh, ch) < result_key(best[1], mesh, best[0])):
             best = (ch, cost)
     return MeshResult(mesh, best[0] if best else None, best[1] if best else None, min_hbm, len(choices), True)
@@ -570,8 +567,8 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
     cons = cons.for_mesh(m, chip, job, mesh)
     ch_min = min_memory_choice(cons)
     c_min = evaluate(m, chip, job, mesh, ch_min)
-    if c_min.peak_memory_bytes > chip.usable_hbm_bytes:
-        return MeshResult(mesh, None, None, c_min.peak_memory_bytes, 1)
+    if c_min.fit_memory_bytes > chip.usable_hbm_bytes:
+        return MeshResult(mesh, None, None, c_min.fit_memory_bytes, 1)
     if policy_set(cons) is not None:  # a handful of whole-layer policies: cost each
         r = brute_force(m, chip, job, mesh, cons)
         r.estimates += 1
@@ -611,5 +608,5 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
         r.estimates += n_est
         r.resolves = resolves
         return r
-    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, c_min.peak_memory_bytes, n_est,
+    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, c_min.fit_memory_bytes, n_est,
                       False, resolves)

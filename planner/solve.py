@@ -116,10 +116,10 @@ def _lb0(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cache: dict) -> float:
 
 
 def _min_hbm(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch) -> float:
-    """Peak HBM of the least-memory assignment (costmodel.memory only: a fifth of an estimate() call)."""
+    """HBM the least-memory assignment needs (its fit_bytes; costmodel.memory only: a fifth of an estimate())."""
     plan = mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params)
     accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
-    return memory_terms(m, chip, job, plan, accum).peak_bytes
+    return memory_terms(m, chip, job, plan, accum).fit_bytes
 
 
 def _lb1(c0: Cost, optimizer_offload_allowed: bool) -> float:

@@ -194,7 +194,7 @@ def row_for(point: dict, plan: Plan | None, cost: Cost | None, reason: str = "",
     row["reason"] = reason
     if plan is not None and cost is not None:
         if not cost.fits and not reason:
-            row["reason"] = f"best plan needs {cost.peak_memory_bytes / GIB:.1f} GiB per chip of " \
+            row["reason"] = f"best plan needs {cost.fit_memory_bytes / GIB:.1f} GiB per chip of " \
                             f"{cost.hbm_usable_bytes / GIB:.1f} usable"
         row.update({"step_time_s": cost.step_time_s, "mfu": cost.mfu, "tokens_per_s": cost.tokens_per_s,
                     "tflops_per_chip": cost.tflops_per_chip,
@@ -202,8 +202,8 @@ def row_for(point: dict, plan: Plan | None, cost: Cost | None, reason: str = "",
                     "grad_accum": cost.grad_accum, "zero": plan.zero, "remat": plan.remat.summary(),
                     "offload_optimizer": plan.offload_optimizer, "offload_params": plan.offload_params,
                     "slices": plan.slices, "peak_memory_gib": cost.peak_memory_bytes / GIB,
-                    "usable_gib": cost.hbm_usable_bytes / GIB,
-                    "headroom_gib": (cost.hbm_usable_bytes - cost.peak_memory_bytes) / GIB,
+                    "fit_memory_gib": cost.fit_memory_bytes / GIB, "usable_gib": cost.hbm_usable_bytes / GIB,
+                    "headroom_gib": (cost.hbm_usable_bytes - cost.fit_memory_bytes) / GIB,
                     "dominant": cost.dominant})
     row["search_s"] = seconds
     return row
