@@ -164,9 +164,11 @@ def _row_of(x: dict) -> dict:
     figures are measurements and do not change; the cost model may have)."""
     c = {k["quantity"]: k for k in x["checks"]}
     mem, fl = c.get("memory_bytes"), c.get("flops")
-    pred = current_prediction_gb(x["plan"])
+    pred, floor = current_prediction_gb(x["plan"]), current_prediction_gb(x["plan"], fit=True)
     tpu = mem["xla"] / GB if mem else None
+    peak = x["extrapolated"].get("mem:xla_peak")
     return {"plan": x["plan"], "target": x["target"], "predicted_gb": pred, "tpu_gb": tpu,
+            "fit_gb": floor, "xla_peak_gb": peak / GB if peak else None,
             "error_pct": (pred - tpu) / tpu * 100 if mem else None,
             "flops_error_pct": fl["error_pct"] if fl else None,
             "temp_gb": x["extrapolated"].get("mem:temp", 0.0) / GB, "compile_s": x["compile_s"], "error": x["error"],
@@ -174,9 +176,10 @@ def _row_of(x: dict) -> dict:
             if len(x["compiles"]) > 1 and x["compiles"][1].get("unroll", 2) == 2 else None}
 
 
-def current_prediction_gb(name: str) -> float:
+def current_prediction_gb(name: str, fit: bool = False) -> float:
     """costmodel.estimate's per-chip GB for a plan of PLANS, as planner.validate.tpu costs it (MaxText's
-    convention; a MoE routes dropless, as both the validator's TPU step and MaxText do)."""
+    convention; a MoE routes dropless, as both the validator's TPU step and MaxText do); fit: the fit floor
+    (Cost.fit_memory_bytes) instead of the total."""
     from costmodel.estimate import estimate
     from hardware.catalog import load_hardware
     from planner.validate.tpu import parse_target, tpu_job
@@ -185,7 +188,7 @@ def current_prediction_gb(name: str) -> float:
     t = parse_target(target)
     m = load_model(model)
     cost = estimate(m, load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
-    return cost.peak_memory_bytes / GB
+    return (cost.fit_memory_bytes if fit else cost.peak_memory_bytes) / GB
 
 
 # The same plans as MaxText runs them (benchmarks/maxtext_memory/run.py; one sequence per batch shard).
@@ -257,6 +260,11 @@ def table(rows: list[dict]) -> str:
             a = [abs(e) for e in mt]
             lines.append(f"vs MaxText's step:        mean |memory error| {sum(a) / len(a):.1f}%, worst {max(a):.1f}%, "
                          f"within 5%: {sum(e <= 5 for e in a)}/{len(a)}")
+        fl = sorted((x["fit_gb"] - x["xla_peak_gb"]) / x["xla_peak_gb"] * 100 for x in ok if x.get("xla_peak_gb"))
+        if fl:
+            lines.append(f"fit floor vs XLA's peak:  the fit check's figure (Cost.fit_memory_bytes) against the "
+                         f"validator's peak_memory_in_bytes: {fl[0]:+.1f} to {fl[-1]:+.1f}% (never below it "
+                         f"on {sum(e >= 0 for e in fl)}/{len(fl)})")
     return "\n".join(lines)
 
 

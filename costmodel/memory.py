@@ -170,11 +170,11 @@ def fit_floor_bytes(breakdown: dict[str, float], loop_tp: float = 0.0) -> float:
     prints). XLA's capacity check is not on that total but on its buffer assignment's peak
     (peak_memory_in_bytes), 4-26 % lower: the logits die before the backward layer loop starts, so the two
     phases never overlap, and the loop's copy of the checkpoint (or gradient) stack is not in the peak. Read off
-    MaxText 0.2.5's compiles (benchmarks/maxtext_memory_compare.py, "fit verdict"): this floor is at or above
-    XLA's peak on all 42 compiles without host offload (+7.7 % on average; the pipeline ones up to +25 %);
-    XLA accepted 45 of 46 configurations whose floor fits the usable HBM (five of them with totals over it, two
-    published v6e recipes among them) and refused both whose floor does not; 46 of 51 published TPU runs fit it
-    (21 by the total)."""
+    MaxText 0.2.5's compiles (benchmarks/maxtext_memory_compare.py, "fit verdict"): this floor is not below XLA's
+    peak on any of the 42 compiles without host offload (-0.1 to +25 %, mean +7.7 %, the pipelines highest); of
+    the 46 configurations XLA accepted, 45 fit the floor (five of them with totals over the usable HBM, two
+    published v6e recipes among them), and both it refused do not; 46 of 51 published TPU runs fit it (21 by the
+    total)."""
     b = breakdown
     state = b["weights"] + b["gradients"] + b["optimizer"]
     loop_phase = b["activation_working"] + b["collective_buffers"]
