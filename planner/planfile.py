@@ -30,7 +30,7 @@ TOP_FIELDS = ("version", "description", "model", "hardware", "chips", "job", "pl
 REQUIRED_TOP = ("version", "model", "hardware", "chips", "job", "plan")
 PLAN_FIELDS = ("degrees", "slices", "ici", "dcn", "micro_batch", "vpp", "zero", "sequence_parallel", "remat",
                "offload_optimizer", "offload_params", "vocab_tiles")
-PREDICTED_FIELDS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "fits")
+PREDICTED_FIELDS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "fit_memory_bytes", "fits")
 MODEL_META = ("name", "description", "source")
 
 
@@ -307,7 +307,7 @@ def plan_dict(plan: Plan, chip: Chip | None) -> dict:
 
 def predicted_dict(cost: Cost) -> dict:
     return {"step_time_s": cost.step_time_s, "mfu": cost.mfu, "tokens_per_s": cost.tokens_per_s,
-            "peak_memory_bytes": cost.peak_memory_bytes, "fits": cost.fits}
+            "peak_memory_bytes": cost.peak_memory_bytes, "fit_memory_bytes": cost.fit_memory_bytes, "fits": cost.fits}
 
 
 def planfile_dict(model: ModelSpec | str, hardware: Chip | str, chips: int, job: Job, plan: Plan,

@@ -141,7 +141,9 @@ def check_cost(c, job: Job, plan: Plan) -> None:
     assert math.isclose(c.tokens_per_s, job.tokens / c.step_time_s, rel_tol=1e-9)
     assert finite_nonneg(c.host_memory_bytes) and finite_nonneg(c.hbm_usable_bytes)
     assert finite_nonneg(c.overflow_bytes)
-    assert (c.overflow_bytes > 0) == (c.peak_memory_bytes > c.hbm_usable_bytes)
+    assert 0 < c.fit_memory_bytes <= c.peak_memory_bytes * (1 + 1e-12)  # the fit floor never exceeds the total
+    assert (c.fit_memory_bytes == c.peak_memory_bytes) or job.framework == "maxtext"
+    assert (c.overflow_bytes > 0) == (c.fit_memory_bytes > c.hbm_usable_bytes)
     assert c.fits == (c.overflow_bytes == 0 and c.host_fits)
     assert c.grad_accum >= 1
     assert c.grad_accum * plan.batch_shards * plan.micro_batch == job.global_batch
