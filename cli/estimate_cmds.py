@@ -150,14 +150,15 @@ def bench_published(
         return
     console = Console()
     t = Table(title=f"published runs: {file}")
-    for c in ("id", "hardware", "predicted s", "measured s", "error %", "mem GiB", "fits"):
+    for c in ("id", "hardware", "predicted s", "measured s", "error %", "mem GiB", "need GiB", "fits"):
         t.add_column(c, justify="right" if c != "id" else "left")
     for r in rows:
         if "skipped" in r:
-            t.add_row(r["id"], "", "", "", "skipped: " + r["skipped"], "", "")
+            t.add_row(r["id"], "", "", "", "skipped: " + r["skipped"], "", "", "")
         else:
             t.add_row(r["id"], r["hardware"], f"{r['predicted_step_time_s']:.3f}", f"{r['measured_step_time_s']:.3f}",
-                      f"{r['error_pct']:+.1f}", f"{r['predicted_peak_memory_bytes'] / 2**30:.1f}", str(r["fits"]))
+                      f"{r['error_pct']:+.1f}", f"{r['predicted_peak_memory_bytes'] / 2**30:.1f}",
+                      f"{r['predicted_fit_memory_bytes'] / 2**30:.1f}", str(r["fits"]))
     console.print(t)
     s = Table(title="MAPE (%)")
     s.add_column("group")

@@ -72,7 +72,8 @@ def result_dict(rank: int, r) -> dict:
             "grad_accum": c.grad_accum, "remat": r.plan.remat.choices(),
             "offload_optimizer": r.plan.offload_optimizer, "offload_params": r.plan.offload_params,
             "step_time_s": c.step_time_s, "mfu": c.mfu, "tokens_per_s": c.tokens_per_s,
-            "peak_memory_bytes": c.peak_memory_bytes, "hbm_usable_bytes": c.hbm_usable_bytes,
+            "peak_memory_bytes": c.peak_memory_bytes, "fit_memory_bytes": c.fit_memory_bytes,
+            "hbm_usable_bytes": c.hbm_usable_bytes,
             "host_memory_bytes": c.host_memory_bytes, "fits": c.fits, "dominant": c.dominant,
             "breakdown_time_s": dict(c.time)}
 
@@ -119,7 +120,7 @@ def print_suggestion(s) -> None:
         return
     t = Table(title=f"top {len(s.plans)} plans: {head}")
     gp = s.goodput
-    cols = ["#", "degrees", "mb x accum", "remat / offload", "step s", "MFU", "tokens/s", "mem GiB", "dominant"]
+    cols = ["#", "degrees", "mb x accum", "remat / offload", "step s", "MFU", "tokens/s", "GiB need/usable", "dominant"]
     if gp:
         cols += ["days", "goodput"] + (["cost"] if any(g.cost for g in gp.values()) else [])
     for col in cols:
@@ -129,7 +130,7 @@ def print_suggestion(s) -> None:
         c = r.cost
         row = [str(i), degrees(r.plan), f"{r.plan.micro_batch} x {c.grad_accum}", fates(r.plan),
                f"{c.step_time_s:.3f}", f"{c.mfu * 100:.1f}%", f"{c.tokens_per_s:,.0f}",
-               f"{c.peak_memory_bytes / GIB:.1f}/{c.hbm_usable_bytes / GIB:.1f}", c.dominant]
+               f"{c.fit_memory_bytes / GIB:.1f}/{c.hbm_usable_bytes / GIB:.1f}", c.dominant]
         if gp:
             g = gp[id(r)]
             row += [f"{g.days_to_train:.1f}", f"{g.goodput * 100:.1f}%"]

@@ -288,9 +288,25 @@ def test_suggest_json_is_deterministic_and_complete():
     assert out["job"]["global_batch"] == 16 and len(out["plans"]) == 5
     p = out["plans"][0]
     for key in ("degrees", "micro_batch", "remat", "offload_optimizer", "offload_params", "step_time_s", "mfu",
-                "tokens_per_s", "peak_memory_bytes", "fits", "plan"):
+                "tokens_per_s", "peak_memory_bytes", "fit_memory_bytes", "fits", "plan"):
         assert key in p
     assert p["fits"] and p["rank"] == 1
+    assert p["fit_memory_bytes"] <= p["hbm_usable_bytes"] and p["fit_memory_bytes"] <= p["peak_memory_bytes"]
+
+
+def test_maxtext_suggestions_fit_the_floor_not_the_total():
+    """llama3-70b at 8k on 64 v6e: the best plans' MaxText totals are over the usable HBM, the floor XLA compiles
+    into (costmodel.memory.fit_floor_bytes) is under it; the table shows what the fit check reads."""
+    r = cli("--model", "llama3-70b", "--chips", "64", "--hardware", "tpu-v6e", "--seq-len", "8192", "--top", "2",
+            "--json")
+    plans = json.loads(r.stdout)["plans"]
+    assert r.returncode == 0 and len(plans) == 2
+    for p in plans:
+        assert p["fits"] and p["fit_memory_bytes"] <= p["hbm_usable_bytes"] < p["peak_memory_bytes"]
+    table = cli("--model", "llama3-70b", "--chips", "64", "--hardware", "tpu-v6e", "--seq-len", "8192", "--top", "1")
+    gib = plans[0]["fit_memory_bytes"] / 2**30
+    assert "GiB need/usable" in table.stdout and f"{gib:.1f}/30.4" in table.stdout
+    assert "least memory XLA needs" in table.stdout
 
 
 def test_suggest_tables_and_infeasible_exit_1(tmp_path):
