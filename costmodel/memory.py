@@ -99,7 +99,7 @@ def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer
     sequence per replica (the validator's TPU plans, 2026-12-01) the checkpoint stack, far smaller (counting the
     gradient stack there over-predicted by 20 % and 16 %). Over ten tp compiles XLA kept this buffer on five and
     not on the others (not decided by tokens per replica alone); it is counted always (over-predicting those by
-    up to 11 %, the safe side for "does it fit")."""
+    up to 11 %). The fit check reads fit_floor_bytes, which keeps only the tp buffer (xla_loop_tp_bytes)."""
     extra = stack_bytes if only_layer_input else min(stack_bytes, layer_grad_bytes)
     return extra + xla_loop_tp_bytes(stack_bytes, layer_grad_bytes, tp)
 
