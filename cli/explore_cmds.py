@@ -152,7 +152,9 @@ def print_explanation(ex, console: Console | None = None) -> None:
     fit = "fits" if c.fits else f"does NOT fit (over by {c.overflow_bytes / GIB:.1f} GiB)"
     console.print(f"[bold]{ex.model} on {ex.chips} x {ex.hardware}[/bold]: {plan_summary(ex.plan)}")
     console.print(f"step {c.step_time_s:.3f} s   MFU {c.mfu * 100:.1f} %   {c.tokens_per_s:,.0f} tokens/s   "
-                  f"memory {c.peak_memory_bytes / GIB:.2f} / {c.hbm_usable_bytes / GIB:.1f} GiB per chip ({fit})   "
+                  f"memory {c.peak_memory_bytes / GIB:.2f} / {c.hbm_usable_bytes / GIB:.1f} GiB per chip"
+                  + (f", needs {c.fit_memory_bytes / GIB:.2f}" if c.fit_memory_bytes < c.peak_memory_bytes else "")
+                  + f" ({fit})   "
                   f"grad accumulation {c.grad_accum}")
     t = Table(title="where the step goes", title_justify="left")
     t.add_column("part")
@@ -192,14 +194,14 @@ def print_explanation(ex, console: Console | None = None) -> None:
     console.print(f"[bold]Bottleneck:[/bold] {ex.bottleneck.sentence}.")
     if ex.what_ifs:
         w = Table(title="what if (nearest changes)", title_justify="left")
-        for col in ("change", "step s", "delta", "MFU", "GiB/chip", "fits"):
+        for col in ("change", "step s", "delta", "MFU", "GiB/chip", "needs", "fits"):
             w.add_column(col, justify="left" if col == "change" else "right")
         for wi in ex.costed_what_ifs:
             wc = wi.cost
             style = "green" if wi.delta_pct < 0 and wc.fits else ("red" if not wc.fits else "")
             delta = f"[{style}]{wi.delta_pct:+.1f} %[/{style}]" if style else f"{wi.delta_pct:+.1f} %"
             w.add_row(wi.label, f"{wc.step_time_s:.3f}", delta, f"{wc.mfu * 100:.1f} %",
-                      f"{wc.peak_memory_bytes / GIB:.1f}",
+                      f"{wc.peak_memory_bytes / GIB:.1f}", f"{wc.fit_memory_bytes / GIB:.1f}",
                       "yes" if wc.fits else f"[red]no (+{wc.overflow_bytes / GIB:.1f})[/red]")
         console.print(w)
         for wi in ex.what_ifs:

@@ -27,6 +27,8 @@ class Cost:
     tokens_per_s: float
     tflops_per_chip: float  # model TFLOP/s per chip (MFU numerator)
     peak_memory_bytes: float  # per chip, the busiest pipeline stage
+    # what the fit check reads: costmodel.memory.fit_floor_bytes under MaxText (XLA), else peak_memory_bytes
+    fit_memory_bytes: float
     hbm_usable_bytes: float
     fits: bool  # fit_memory_bytes <= usable HBM (and host memory within the host's)
     overflow_bytes: float  # fit_memory_bytes - usable, 0 when it fits
@@ -40,8 +42,6 @@ class Cost:
     collectives: tuple[Collective, ...] = ()
     vector_flops_per_step: float = 0.0  # element-wise FLOPs (costmodel.flops.layer_vector_flops), all chips
     convention: str = ""  # state convention used for memory ('maxtext' fp32 weights / 'megatron' bf16 + master)
-    # the least HBM the step needs (costmodel.memory.fit_floor_bytes under XLA, else peak_memory_bytes)
-    fit_memory_bytes: float = 0.0
 
     @property
     def dominant(self) -> str:

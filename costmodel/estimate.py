@@ -440,6 +440,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         tokens_per_s=job.tokens / step,
         tflops_per_chip=model_flops / (step * chips_n) / 1e12,
         peak_memory_bytes=mem.peak_bytes,
+        fit_memory_bytes=mem.fit_bytes,
         hbm_usable_bytes=usable,
         fits=mem.fit_bytes <= usable and mem.host_bytes <= chip.host_mem_bytes,
         overflow_bytes=max(0.0, mem.fit_bytes - usable),
@@ -453,5 +454,4 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         memory=dict(mem.breakdown),
         collectives=tuple(colls),
         convention=mem.convention,
-        fit_memory_bytes=mem.fit_bytes,
     )

@@ -54,7 +54,8 @@ def describe_cost(job: Job, plan: Plan, pf) -> str:
     except InputError as e:
         return f"cannot be costed ({e})"
     fit = "" if c.fits else ", does not fit"
-    return f"{c.step_time_s:.3f} s/step, MFU {100 * c.mfu:.1f} %, {c.peak_memory_bytes / GIB:.1f} GiB/chip{fit}"
+    need = f" (needs {c.fit_memory_bytes / GIB:.1f})" if c.fit_memory_bytes < c.peak_memory_bytes else ""
+    return f"{c.step_time_s:.3f} s/step, MFU {100 * c.mfu:.1f} %, {c.peak_memory_bytes / GIB:.1f} GiB/chip{need}{fit}"
 
 
 def cost_comparison(pf, adapted: Adapted) -> str:

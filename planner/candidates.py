@@ -368,7 +368,7 @@ def usable_batches(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constra
                   key=lambda x: (abs(x - b), x))
     out = []
     for x in near[:200]:
-        if x != b and _has_candidates(m, chip, Job(job.seq_len, x, job.precision, job.framework), chips, cons):
+        if x != b and _has_candidates(m, chip, replace(job, global_batch=x), chips, cons):
             out.append(x)
             if len(out) == count:
                 break

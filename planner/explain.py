@@ -76,7 +76,8 @@ class WhatIf:
             return {**d, "skipped": self.error}
         c = self.cost
         return {**d, "step_time_s": c.step_time_s, "delta_pct": self.delta_pct, "mfu": c.mfu,
-                "peak_memory_bytes": c.peak_memory_bytes, "fits": c.fits, "overflow_bytes": c.overflow_bytes,
+                "peak_memory_bytes": c.peak_memory_bytes, "fit_memory_bytes": c.fit_memory_bytes, "fits": c.fits,
+                "overflow_bytes": c.overflow_bytes,
                 "tokens_per_s": c.tokens_per_s}
 
 

@@ -188,11 +188,11 @@ class Surrogate:
     xi: float = 0.0
     logits: float = 0.0
     inflight: float = 1.0
-    same_stages: bool = False  # pp > 1 under MaxText: every stage holds inflight * KS + logits (no first/last)
+    same_stages: bool = False  # pp > 1 under MaxText: every stage runs the same program (no first/last stage)
     xla_floor: bool = False  # MaxText: hbm() models the fit floor (Cost.fit_memory_bytes), not the peak
-    # MaxText under tp: the scanned loop's buffer the fit floor keeps (costmodel.memory.xla_loop_tp_bytes), exact:
-    # with something recomputed, min(S, G), S the kept tensors' stack (B + sum_t a_t*D_t), G the fp32 layer
-    # gradients on this chip (0: no scanned loop).
+    # The scanned loop's buffer the fit floor keeps under tp (costmodel.memory.xla_loop_tp_bytes), exact: with
+    # something recomputed, min(S, G), S the kept tensors' stack (B + sum_t a_t*D_t), G the fp32 layer gradients
+    # on this chip (set on MaxText's scanned meshes, 0 without a scanned loop; loop_tp: tp > 1).
     loop_G: float = 0.0
     loop_tp: bool = False
     eta: dict[str, float] = field(default_factory=dict)
@@ -232,8 +232,8 @@ class Surrogate:
         ks = self.ks(ch)
         if self.xla_floor:  # costmodel.memory.fit_floor_bytes: the logits phase folded into R0
             return rest + self.inflight * ks
-        if self.mesh.pp == 1 or self.same_stages:
-            return rest + self.inflight * ks + self.logits
+        if self.mesh.pp == 1:
+            return rest + ks + self.logits
         return rest + max(self.inflight * ks, ks + self.logits)
 
     def host(self, ch: Choice) -> float:
@@ -325,9 +325,6 @@ class Surrogate:
                   ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B))
         elif self.mesh.pp == 1:
             P.add(rest + ks, ub=math.floor(cap - self.logits))
-        elif self.same_stages:
-            P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
-                  ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B - self.logits))
         else:
             P.add(rest + [(v, round(c * self.inflight)) for v, c in ks],
                   ub=math.floor(self.usable_hbm - self.R0 - self.inflight * self.B))

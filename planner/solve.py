@@ -246,7 +246,7 @@ def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Con
         if not formable(chip, n):
             continue
         for b in (job.global_batch, job.global_batch * factor):
-            j = Job(job.seq_len, b, job.precision, job.framework)
+            j = replace(job, global_batch=b)
             if _any_fits(m, chip, j, n, free) is not None:
                 extra = "" if b == job.global_batch else f" with --global-batch {b}"
                 tips.append(f"more chips: --chips {n} ({factor}x){extra} fits")
@@ -254,14 +254,14 @@ def explain_infeasible(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Con
         if tips:
             break
     if job.seq_len >= 2:
-        j = Job(job.seq_len // 2, job.global_batch * 2, job.precision, job.framework)
+        j = replace(job, seq_len=job.seq_len // 2, global_batch=job.global_batch * 2)
         if _any_fits(m, chip, j, chips, free) is not None:
             tips.append(f"shorter sequences: --seq-len {j.seq_len} --global-batch {j.global_batch} (same tokens) fits")
     for halvings in range(1, 11):  # MaxText's accumulation buffers and pipelines in flight grow with the batch
         b = job.global_batch >> halvings
         if b < 1:
             break
-        j = Job(job.seq_len, b, job.precision, job.framework)
+        j = replace(job, global_batch=b)
         if _any_fits(m, chip, j, chips, free) is not None:
             tips.append(f"a smaller global batch: --global-batch {b} ({b * job.seq_len / 2**20:.2f}M tokens) fits")
             break

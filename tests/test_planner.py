@@ -417,3 +417,16 @@ def test_suggest_export_megatron_infeasible_tips_keep_megatron_limits():
     r = cli("--model", "llama3-70b", "--chips", more, "--hardware", "h100-sxm", "--export", "megatron", "--json",
             "--out", "/dev/null", "--top", "1")
     assert r.returncode == 0 and json.loads(r.stdout)["plans"][0]["degrees"]["fsdp"] == 1
+
+
+def test_infeasibility_hints_keep_the_jobs_settings(monkeypatch):
+    """The 'what would fit' hints re-cost the job with more chips, shorter sequences or a smaller batch: MaxText's
+    weight_dtype and scan_layers must travel with it (they change the memory)."""
+    import planner.solve as solve
+
+    seen = []
+    monkeypatch.setattr(solve, "_any_fits", lambda m, chip, job, n, cons: seen.append(job))
+    job = Job(4096, 64, weight_dtype="bfloat16", scan_layers=False)
+    solve.explain_infeasible(load_model("llama3-70b"), load_hardware("tpu-v5e"), job, 8, Constraints(), 1e12, None)
+    assert seen and all(j.weight_dtype == "bfloat16" and not j.scan_layers for j in seen)
+    assert {j.seq_len for j in seen} == {4096, 2048}
