@@ -362,3 +362,16 @@ def test_cli_bad_profile_is_one_line_exit_2(tmp_path):
 def test_cli_hardware_missing_argument_exit_2():
     r = planner("hardware", "show")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_tpu_usable_hbm_is_what_xla_makes_available():
+    """The TPU profiles' usable HBM is XLA:TPU's own 'available HBM' (benchmarks/xla_available_hbm.py, read from
+    a compile it refuses): never above it, and within XLA's printed precision (0.01 GiB) of it."""
+    from pathlib import Path
+
+    report = Path(__file__).resolve().parents[1] / "benchmarks" / "xla_available_hbm_report.txt"
+    rows = [line.split() for line in report.read_text().splitlines()[1:] if line.startswith("v")]
+    assert {r[0] for r in rows} == {"v4", "v5e", "v5p", "v6e"}
+    for gen, _, avail, *_ in rows:
+        usable = load_hardware(f"tpu-{gen}").usable_hbm_bytes / 2**30
+        assert float(avail) - 0.01 <= usable <= float(avail), (gen, usable, avail)
