@@ -31,6 +31,17 @@ def test_parse_target():
             parse_target(bad)
 
 
+def test_fit_check_is_one_sided():
+    """The fit floor against XLA's peak: above it is safe (ok), more than 1 % below it is not (a plan said to fit
+    that XLA refuses), no peak reported is no verdict (runs without libtpu)."""
+    from planner.validate.tpu import fit_check
+
+    assert fit_check("p", 30e9, 20e9).ok and fit_check("p", 30e9, 20e9).error_pct == pytest.approx(50.0)
+    assert fit_check("p", 29.8e9, 30e9).ok and not fit_check("p", 29.6e9, 30e9).ok
+    none = fit_check("p", 30e9, None)
+    assert none.error_pct is None and not none.ok and none.quantity == "fit_memory_bytes"
+
+
 def test_bad_plan_for_target():
     with pytest.raises(InputError, match="has 8 chips"):
         check_tpu_plan(SMALL, Plan(fsdp=4), 1024, parse_target("tpu-v5p:2x2x2"))
@@ -63,6 +74,8 @@ def test_small_plan_on_v5p_matches_compiler():
     mem = checks["memory_bytes"]
     assert mem.xla > 0 and abs(mem.error_pct) <= MEMORY_TOLERANCE_PCT, mem
     assert abs(checks["flops"].error_pct) <= TOLERANCE_PCT["flops"], checks["flops"]
+    fit = checks["fit_memory_bytes"]  # the fit floor is not below XLA's own peak: the fit check errs safe
+    assert fit.ok and fit.xla <= mem.xla and fit.predicted <= mem.predicted, fit
 
 
 @pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install 'jax[tpu]')")

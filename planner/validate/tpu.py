@@ -40,6 +40,7 @@ from hardware.errors import InputError
 from planner.validate.compare import (
     Check,
     _check,
+    error_pct,
     flash_flops_adjustment,
     grouped_matmul_flops_adjustment,
     pipeline_flops_adjustment,
@@ -54,6 +55,7 @@ GENERATIONS = {
     "v6e": ("v6e", "default", "tpu-v6e"),
 }
 TOLERANCE_PCT = {"memory_bytes": 5.0, "state_bytes": 1.0, "flops": 5.0, "collective_bytes": 10.0}
+FIT_BELOW_PCT = 1.0  # how far the fit floor may sit below XLA's peak (above it, the fit check errs safe)
 LIBTPU_HINT = ('the TPU compiler (libtpu) is not installed in this Python; install it with '
                '`pip install -U "jax[tpu]"` (jax, jaxlib and libtpu of one release; no TPU is needed)')
 
@@ -349,6 +351,17 @@ def tpu_check(name: str, quantity: str, pred: float, xla: float | None, note: st
     return c
 
 
+def fit_check(name: str, fit_bytes: float, xla_peak: float | None) -> Check:
+    """The fit check's figure (Cost.fit_memory_bytes: costmodel.memory.fit_floor_bytes under MaxText) against XLA's
+    peak_memory_in_bytes, the figure XLA:TPU's capacity check reads: one-sided, ok unless the floor is more than
+    FIT_BELOW_PCT below it (a plan the planner says fits would then not compile)."""
+    err = error_pct(fit_bytes, xla_peak) if xla_peak else None
+    return Check(name, "fit_memory_bytes", float(fit_bytes), float(xla_peak) if xla_peak else None, err,
+                 err is not None and err >= -FIT_BELOW_PCT,
+                 "XLA:TPU peak_memory_in_bytes (what its capacity check reads); ok unless below it by more than "
+                 f"{FIT_BELOW_PCT:g} %")
+
+
 def validate_tpu(name: str, m_full: ModelSpec, plan: Plan, seq_len: int, target: Target | str,
                  layers: tuple[int, int] = (2, 4), block: int = 512, devices: list | None = None,
                  scan: bool = True) -> TpuResult:
@@ -458,6 +471,8 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
     peak = full["mem:argument"] + full["mem:output"] + full["mem:temp"] - full["mem:alias"]
     res.checks.append(tpu_check(name, "memory_bytes", cost.peak_memory_bytes, peak,
                                 f"{t.name}, XLA:TPU argument + output - alias + temp; {how}"))
+    if full.get("mem:xla_peak"):  # (jax versions without peak_memory_in_bytes: no verdict)
+        res.checks.append(fit_check(name, cost.fit_memory_bytes, full["mem:xla_peak"]))
     batch_bytes = 2 * job.global_batch * job.seq_len * 4 / (plan.batch_shards * plan.cp)
     state_pred = cost.memory["optimizer"] + cost.memory["weights"] * 4 / 6  # fp32 weights, without the bf16 copy
     res.checks.append(tpu_check(name, "state_bytes", state_pred, full["mem:argument"] - batch_bytes - 4,
