@@ -36,7 +36,10 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            # row, -22 % then, and the circular one, +9.8 %, were read afterwards and are now among the fitted ones)
            "l2-7b_v5p16_b1_s2048_full_pp4", "l2-7b_v5p16_b2_s2048_full_pp2_m4", "l3-8b_v6e8_b1_s4096_full_pp2",
            # two published v6e recipes (tpu-recipes-v6e rows of runs_dev.csv) with host-offloaded checkpoints
-           "trillium-l31-8b_v6e8_b3_s8192_custom", "trillium-l31-70b_v6e64_b2_s8192_custom")
+           "trillium-l31-8b_v6e8_b3_s8192_custom", "trillium-l31-70b_v6e64_b2_s8192_custom",
+           # the fit check's boundary on v6e, compiled after the fit floor was set (two fit, two refused)
+           "l3-8b_v6e8_b2_s8192_full", "l3-8b_v6e8_b1_s8192_savedotexceptmlp", "l3-8b_v6e8_b3_s8192_full",
+           "l3-8b_v6e8_b2_s8192_saveqkv")
 # benchmarks/validate_tpu.py's seven plans as MaxText runs them (added 2026-12-01); the tensor-parallel loop
 # buffer of costmodel.memory.xla_loop_extra_bytes was revised after them (it had been read off one tp config).
 VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l3-8b_v5p16_b0.5_s4096_full_tp2",

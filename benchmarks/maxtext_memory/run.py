@@ -155,6 +155,12 @@ CONFIGS: list[Config] = [
     Config("trillium-l31-70b_v6e64_b2_s8192_custom", "llama3.1-70b", "v6e-64", 2, 8192, "custom",
            extra={"decoder_layer_input": "offload", "query_proj": "offload", "key_proj": "offload",
                   "value_proj": "offload"}),
+    # the fit check's boundary, compiled after the fit floor (costmodel.memory.fit_floor_bytes) was set: two the
+    # floor says fit although their totals are over v6e's 31.24 GiB, two it says do not (holdout)
+    Config("l3-8b_v6e8_b2_s8192_full", "llama3-8b", "v6e-8", 2, 8192, "full"),
+    Config("l3-8b_v6e8_b1_s8192_savedotexceptmlp", "llama3-8b", "v6e-8", 1, 8192, "save_dot_except_mlp"),
+    Config("l3-8b_v6e8_b3_s8192_full", "llama3-8b", "v6e-8", 3, 8192, "full"),
+    Config("l3-8b_v6e8_b2_s8192_saveqkv", "llama3-8b", "v6e-8", 2, 8192, "save_qkv_proj"),
 ]
 
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
