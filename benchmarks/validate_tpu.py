@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,18 +177,23 @@ def _row_of(x: dict) -> dict:
             if len(x["compiles"]) > 1 and x["compiles"][1].get("unroll", 2) == 2 else None}
 
 
-def current_prediction_gb(name: str, fit: bool = False) -> float:
-    """costmodel.estimate's per-chip GB for a plan of PLANS, as planner.validate.tpu costs it (MaxText's
-    convention; a MoE routes dropless, as both the validator's TPU step and MaxText do); fit: the fit floor
-    (Cost.fit_memory_bytes) instead of the total."""
+@cache
+def current_cost(name: str):
+    """costmodel.estimate for a plan of PLANS, as planner.validate.tpu costs it (MaxText's convention; a MoE
+    routes dropless, as both the validator's TPU step and MaxText do)."""
     from costmodel.estimate import estimate
     from hardware.catalog import load_hardware
     from planner.validate.tpu import parse_target, tpu_job
 
     _, model, target, seq, plan = next(p for p in PLANS if p[0] == name)
     t = parse_target(target)
-    m = load_model(model)
-    cost = estimate(m, load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
+    return estimate(load_model(model), load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
+
+
+def current_prediction_gb(name: str, fit: bool = False) -> float:
+    """The current cost model's per-chip GB for a plan of PLANS; fit: the fit floor (Cost.fit_memory_bytes)
+    instead of the total."""
+    cost = current_cost(name)
     return (cost.fit_memory_bytes if fit else cost.peak_memory_bytes) / GB
 
 

@@ -153,7 +153,7 @@ def print_explanation(ex, console: Console | None = None) -> None:
     console.print(f"[bold]{ex.model} on {ex.chips} x {ex.hardware}[/bold]: {plan_summary(ex.plan)}")
     console.print(f"step {c.step_time_s:.3f} s   MFU {c.mfu * 100:.1f} %   {c.tokens_per_s:,.0f} tokens/s   "
                   f"memory {c.peak_memory_bytes / GIB:.2f} / {c.hbm_usable_bytes / GIB:.1f} GiB per chip"
-                  + (f", needs {c.fit_memory_bytes / GIB:.2f}" if c.fit_memory_bytes < c.peak_memory_bytes else "")
+                  + (f", needs {c.fit_memory_bytes / GIB:.2f}" if c.fit_below_total else "")
                   + f" ({fit})   "
                   f"grad accumulation {c.grad_accum}")
     t = Table(title="where the step goes", title_justify="left")
@@ -179,15 +179,12 @@ def print_explanation(ex, console: Console | None = None) -> None:
             mt.add_row(k, f"{v / GIB:.2f}", f"{v / c.hbm_usable_bytes * 100:.1f} %", _bar(start, v, scale, "green"))
             start += v
     head = ex.headroom_bytes
-    floor = c.fit_memory_bytes < c.peak_memory_bytes
+    room = f"headroom {head / GIB:.1f} GiB" if head >= 0 else f"[red]over by {-head / GIB:.1f} GiB[/red]"
     mt.add_row("[bold]total[/bold]", f"[bold]{c.peak_memory_bytes / GIB:.2f}[/bold]",
-               f"{c.peak_memory_bytes / c.hbm_usable_bytes * 100:.1f} %",
-               "" if floor else f"headroom {head / GIB:.1f} GiB" if head >= 0 else
-               f"[red]over by {-head / GIB:.1f} GiB[/red]")
-    if floor:  # costmodel.memory.fit_floor_bytes
+               f"{c.peak_memory_bytes / c.hbm_usable_bytes * 100:.1f} %", "" if c.fit_below_total else room)
+    if c.fit_below_total:  # the headroom is the fit check's (costmodel.memory.fit_floor_bytes)
         mt.add_row("least XLA needs", f"{c.fit_memory_bytes / GIB:.2f}",
-                   f"{c.fit_memory_bytes / c.hbm_usable_bytes * 100:.1f} %",
-                   f"headroom {head / GIB:.1f} GiB" if head >= 0 else f"[red]over by {-head / GIB:.1f} GiB[/red]")
+                   f"{c.fit_memory_bytes / c.hbm_usable_bytes * 100:.1f} %", room)
     if c.host_memory_bytes:
         mt.add_row("host memory", f"{c.host_memory_bytes / GIB:.2f}", "", "fits" if c.host_fits else "[red]over[/red]")
     console.print(mt)

@@ -52,7 +52,7 @@ def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
                  ("TFLOP/s per chip", f"{cost.tflops_per_chip:.1f}"),
                  ("memory per chip", f"{cost.peak_memory_bytes / GIB:.2f} / {cost.hbm_usable_bytes / GIB:.1f} GiB"),
                  *((("least memory XLA needs", f"{cost.fit_memory_bytes / GIB:.2f} GiB (the fit check)"),)
-                   if cost.fit_memory_bytes < cost.peak_memory_bytes else ()),
+                   if cost.fit_below_total else ()),
                  ("fits", fit), ("gradient accumulation", str(cost.grad_accum)),
                  ("state convention", cost.convention)):
         head.add_row(k, v)

@@ -44,6 +44,11 @@ class Cost:
     convention: str = ""  # state convention used for memory ('maxtext' fp32 weights / 'megatron' bf16 + master)
 
     @property
+    def fit_below_total(self) -> bool:
+        """The fit check reads less than the total (MaxText: costmodel.memory.fit_floor_bytes); show both."""
+        return self.fit_memory_bytes < self.peak_memory_bytes
+
+    @property
     def dominant(self) -> str:
         """The largest entry of the time breakdown."""
         return max(self.time, key=self.time.get) if self.time else ""

@@ -54,7 +54,7 @@ def describe_cost(job: Job, plan: Plan, pf) -> str:
     except InputError as e:
         return f"cannot be costed ({e})"
     fit = "" if c.fits else ", does not fit"
-    need = f" (needs {c.fit_memory_bytes / GIB:.1f})" if c.fit_memory_bytes < c.peak_memory_bytes else ""
+    need = f" (needs {c.fit_memory_bytes / GIB:.1f})" if c.fit_below_total else ""
     return f"{c.step_time_s:.3f} s/step, MFU {100 * c.mfu:.1f} %, {c.peak_memory_bytes / GIB:.1f} GiB/chip{need}{fit}"
 
 

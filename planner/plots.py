@@ -101,12 +101,12 @@ def draw_explanation(ex: Explanation, axes=None):
     ax_m.text(left, 0, f" {peak:.1f}", va="center", fontsize=8, fontweight="bold")
     ax_m.axvline(usable, color="#C44E52", ls="--", lw=1)
     need = ex.cost.fit_memory_bytes / GIB
-    if need < peak:  # the fit check's figure (costmodel.memory.fit_floor_bytes)
+    if ex.cost.fit_below_total:  # the fit check's figure (costmodel.memory.fit_floor_bytes)
         ax_m.axvline(need, color="#55A868", ls=":", lw=1)
     ax_m.set_yticks([*ym, 0], [*cats, "total"], fontsize=8)
     ax_m.set_xlabel("GiB per chip")
     fit = "fits" if ex.cost.fits else "does NOT fit"
-    needs = f" (needs {need:.1f})" if need < peak else ""
+    needs = f" (needs {need:.1f})" if ex.cost.fit_below_total else ""
     ax_m.set_title(f"memory per chip: {peak:.1f}{needs} of {usable:.1f} GiB usable, {fit}", fontsize=10)
     ax_m.set_xlim(0, max(usable, peak) * 1.18)
     fig.tight_layout()
