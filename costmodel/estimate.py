@@ -23,9 +23,9 @@ from costmodel.flops import (
     model_flops_per_token,
 )
 from costmodel.job import Job
-from costmodel.memory import MemoryTerms, maxtext_pipeline, memory_terms, weight_shard_degrees
+from costmodel.memory import MemoryTerms, layer_stages, maxtext_pipeline, memory_terms, weight_shard_degrees
 from costmodel.model import ModelSpec
-from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan
+from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, pipeline_split
 from hardware.chip import Chip
 from hardware.errors import InputError
 from hardware.topology import AxisLink, collective_time, lay_out
@@ -126,9 +126,29 @@ class StageTimes:
     fwd_flops: float  # model FLOPs of the forward pass on this chip
     recompute_flops: float
     head: float = 0.0  # the logits' forward and backward within fwd and bwd (outside MaxText's pipeline bubble)
+    stages: float = 1.0  # n_layers / this stage's layers (pp when they split evenly)
+
+    @property
+    def per_micro(self) -> float:
+        return self.fwd + self.bwd + self.recompute + self.elementwise
 
 
 def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
+    """The busiest stage's times: the last stage (its layers and the logits), or under Megatron's uneven split
+    (costmodel.plan.pipeline_split) a middle stage when its extra layers outweigh the last stage's logits."""
+    _, mid, last = pipeline_split(m.n_layers, plan.pp, plan.vpp)
+    st = _stage_times(m, chip, job, plan, last, logits=True)
+    if mid > last:
+        other = _stage_times(m, chip, job, plan, mid, logits=False)
+        if other.per_micro > st.per_micro:
+            return other
+    return st
+
+
+def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, layers: int, logits: bool) -> StageTimes:
+    """Times of a stage holding `layers` layers (in the model's average mix of dense and MoE layers), with or
+    without the logits."""
+    stages = m.n_layers / layers  # pp when the layers split evenly
     peak = chip.effective_peak_flops(job.precision)
     tokens = plan.micro_batch * job.seq_len / plan.cp
     kinds = [(False, m.n_dense_mlp_layers), (True, m.n_moe_layers)]
@@ -136,7 +156,7 @@ def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
     for moe, count in kinds:
         if count == 0:
             continue
-        n = count / plan.pp  # layers of this kind per stage (fractional on average)
+        n = count / stages  # layers of this kind per stage (fractional on average)
         ops = layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe)
         t_ops = [op_time(op, chip, peak) for op in ops]
         # Backward: 2x forward for matmuls; flash attention backward recomputes the scores: 2.5x forward.
@@ -150,13 +170,12 @@ def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
         # Memory-bound ops: forward once, backward about twice, again in recompute when anything is rerun.
         passes = 3.0 + (1.0 if re_ops else 0.0)
         elem += n * passes * tokens * elementwise_bytes_per_token(m, plan, moe) / (chip.hbm_bw_Bps * chip.eff.hbm)
-    lg = logits_op(m, tokens, plan.tp)  # on the last stage; the bottleneck stage when pp > 1
+    lg = logits_op(m, tokens, plan.tp)  # on the last stage
     # MaxText computes the logits outside its pipeline with the batch split over the stages: M / pp micro-batches
     # of them on every chip, i.e. 1 / pp per micro-step.
-    t_lg = op_time(lg, chip, peak) / head_stages(job, plan)
-    layers = m.n_layers / plan.pp
+    t_lg = op_time(lg, chip, peak) / head_stages(job, plan) if logits else 0.0
     return StageTimes(fwd + t_lg, bwd + 2 * t_lg, rec, elem, attn, fwd / layers, bwd / layers,
-                      flops + lg.flops, rflops, 3 * t_lg)
+                      flops + (lg.flops if logits else 0.0), rflops, 3 * t_lg, stages)
 
 
 def head_stages(job: Job, plan: Plan) -> int:
@@ -182,7 +201,7 @@ def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, 
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count:
             fwd, bwd = layer_vector_flops(m, tokens, job.seq_len, plan.tp, sp, moe)
-            total += count / plan.pp * ((1 + rerun) * fwd + bwd)
+            total += count / layer_stages(m, plan) * ((1 + rerun) * fwd + bwd)
     total += loss_vector_flops(m, tokens, plan.tp) / head_stages(job, plan)
     return accum * total + ADAM_OPS * mem.optimizer_param_elems
 
@@ -192,7 +211,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     """Every collective of a step with its exposed time (after overlap with the compute it can hide behind)."""
     ov = chip.eff.overlap
     out: list[Collective] = []
-    layers = m.n_layers / plan.pp
+    layers = m.n_layers / layer_stages(m, plan)  # the busiest stage's
     tokens = plan.micro_batch * job.seq_len / plan.cp
     micro_steps = accum
     # Layer passes per stage, in micro-batches: MaxText's pipeline iterations run every stage through the bubble
@@ -352,7 +371,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
         a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / split
         t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
-        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * m.n_moe_layers / plan.pp * layer_steps
+        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * m.n_moe_layers / layer_stages(m, plan) * layer_steps
         out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))
 
     # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.
@@ -409,7 +428,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         if c.axis != "host":
             comm_exposed[c.axis] = comm_exposed.get(c.axis, 0.0) + c.exposed_s
     offload = sum((c.exposed_s for c in colls if c.axis == "host"), 0.0)
-    per_micro = st.fwd + st.bwd + st.recompute + st.elementwise
+    per_micro = st.per_micro
     # 1F1B bubble: (pp-1) micro-steps of fill and drain, shortened by the number of model chunks (vpp); MaxText's
     # bubble iterations run the stage's layers, not the logits (computed outside its pipeline).
     head = st.head if head_stages(job, plan) > 1 else 0.0
@@ -430,7 +449,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     chips_n = plan.chips
     peak = chip.peak_flops(job.precision)
     model_flops = model_flops_per_token(m, job.seq_len) * job.tokens
-    hw_flops = model_flops + accum * st.recompute_flops * plan.pp * plan.tp * plan.cp * plan.batch_shards
+    hw_flops = model_flops + accum * st.recompute_flops * st.stages * plan.tp * plan.cp * plan.batch_shards
     vec_flops = vector_flops_per_chip(m, job, plan, mem, accum) * chips_n
     usable = chip.usable_hbm_bytes
     return Cost(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import TENSORS, Plan
+from costmodel.plan import TENSORS, Plan, busiest_stage_layers
 from hardware.chip import Chip
 
 BF16 = 2
@@ -215,16 +215,23 @@ def weight_shard_degrees(job: Job, plan: Plan, experts: bool = False) -> dict[st
     return out
 
 
+def layer_stages(m: ModelSpec, plan: Plan) -> float:
+    """pp when the layers split evenly over the stages; else n_layers / (the busiest stage's layers)
+    (costmodel.plan.pipeline_split, Megatron's uneven split), so that per-stage quantities counted as totals / this
+    are the busiest stage's (conservatively, layer kinds in their average mix)."""
+    return m.n_layers / busiest_stage_layers(m.n_layers, plan)
+
+
 def expert_params_per_chip(m: ModelSpec, plan: Plan) -> float:
     """Routed-expert weights on this chip before fsdp sharding (sharded over ep, tp and pp)."""
     if not m.is_moe:
         return 0.0
-    return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (plan.pp * plan.tp)
+    return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (layer_stages(m, plan) * plan.tp)
 
 
 def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron") -> tuple[float, float, float]:
     """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share)."""
-    tp, pp, ep = plan.tp, plan.pp, plan.ep
+    tp, pp, ep = plan.tp, layer_stages(m, plan), plan.ep
     non_expert = m.n_layers * (m.attn_params() + m.layer_norm_params()) + m.n_dense_mlp_layers * m.dense_mlp_params()
     expert = 0.0
     if m.is_moe:
@@ -234,7 +241,7 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron")
     # Embedding (vocab-sharded by tp): both tables on one stage without pipelining; with it, one per end stage
     # (Megatron), or both on every stage (MaxText embeds and computes the logits outside its pipeline module;
     # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).
-    emb = (m.embedding_params() if pp == 1 or framework == "maxtext" else m.vocab_size * m.d_model) / tp
+    emb = (m.embedding_params() if plan.pp == 1 or framework == "maxtext" else m.vocab_size * m.d_model) / tp
     return body, body / (m.n_layers / pp), emb
 
 
@@ -248,7 +255,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     body, layer_w, emb = param_counts_per_chip(m, plan, job.framework)
     experts = expert_params_per_chip(m, plan)
     params = (body - experts + emb) / weight_shards + experts / expert_shards
-    layer_experts = experts / (m.n_layers / plan.pp)  # the routed experts' share of layer_w
+    layer_experts = experts / (m.n_layers / layer_stages(m, plan))  # the routed experts' share of layer_w
     opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)
     grad_params = params / (plan.dp if plan.zero == 2 else 1)
 
@@ -271,7 +278,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     tokens = plan.micro_batch * job.seq_len / plan.cp
     choices = plan.remat.choices()
     saved = offl = none_all = 0.0
-    layers_stage = m.n_layers / plan.pp
+    layers_stage = m.n_layers / layer_stages(m, plan)
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count == 0:
             continue

@@ -158,3 +158,36 @@ class Plan:
 
     def with_(self, **kw) -> Plan:
         return replace(self, **kw)
+
+
+def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
+    """Layers on (the first, each middle, the last) pipeline stage; None when the layers cannot be split.
+
+    pp * vpp divides n_layers: L / pp everywhere. Otherwise Megatron-LM's uneven split
+    (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers): each middle stage takes
+    c = vpp * ceil(L / (pp * vpp)) layers and the two end stages share the rest, the last (which also computes the
+    logits and the loss) no more than the first. Every stage's count must be a positive multiple of vpp (Megatron's
+    rule with virtual stages). Llama 3 405B: 126 layers over 16 stages = 7 + 14 x 8 + 7 (Dubey et al. 2024,
+    section 3.3.2: one layer fewer on the first and the last stage); DeepSeek-V3's 61 over 16 = 3 + 14 x 4 + 2."""
+    if n_layers % (pp * vpp) == 0:
+        return (n_layers // pp,) * 3
+    if pp < 2 or n_layers % vpp:
+        return None
+    c = vpp * -(-n_layers // (pp * vpp))
+    rest = n_layers - (pp - 2) * c  # layers left for the two end stages
+    last = vpp * (rest // (2 * vpp))
+    first = rest - last
+    if last < vpp or first > c:
+        return None
+    return first, (c if pp > 2 else first), last
+
+
+def busiest_stage_layers(n_layers: int, plan: Plan) -> int:
+    """Layers on the pipeline stage that holds the most (all of them without pp); n_layers / pp when even.
+    Raises InputError when pipeline_split cannot split them."""
+    split = pipeline_split(n_layers, plan.pp, plan.vpp)
+    if split is None:
+        raise InputError(f"pp*vpp: n_layers {n_layers} cannot be split over pp={plan.pp} stages x vpp={plan.vpp} "
+                         f"(every stage needs a positive multiple of vpp layers); use a pp*vpp that divides "
+                         f"{n_layers}")
+    return max(split)

@@ -5,7 +5,8 @@ offload (those are the CP-SAT program's decisions, planner/remat.py). Rules, all
 
   * degrees dp * fsdp * tp * cp * pp * ep = chips;
   * tp divides n_heads, and tp and n_kv_heads divide one another (costmodel.constraints.check_plan);
-  * pp * vpp divides n_layers; vpp in {2, 4, 8, ...} only with pp > 1 and grad_accum a multiple of pp
+  * pp * vpp divides n_layers, or under Megatron-LM the layers split unevenly (costmodel.plan.pipeline_split:
+    fewer on the end stages); vpp in {2, 4, 8, ...} only with pp > 1 and grad_accum a multiple of pp
     (the interleaved 1F1B schedule runs micro-batches in groups of pp);
   * cp divides seq_len and leaves at least MIN_TOKENS_PER_CP_RANK tokens on each rank;
   * ep divides n_experts (MoE models only; dense models have ep = 1);
@@ -34,7 +35,7 @@ from costmodel.constraints import check_plan
 from costmodel.estimate import dcn_split
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import AXES, REMAT_POLICIES, Plan, Remat, remat_policy
+from costmodel.plan import AXES, REMAT_POLICIES, Plan, Remat, pipeline_split, remat_policy
 from hardware.chip import Chip
 from hardware.errors import InputError, did_you_mean
 from hardware.topology import valid_slice_sizes
@@ -262,6 +263,13 @@ def in_node(n: int, node: int, chips: int) -> bool:
     return not node or node % n == 0 or (chips < node and chips % n == 0)
 
 
+def splits(m: ModelSpec, job: Job, pp: int, vpp: int) -> bool:
+    """Whether the layers go onto pp stages of vpp chunks: evenly, or unevenly where the framework can (Megatron)."""
+    if m.n_layers % (pp * vpp) == 0:
+        return True
+    return job.framework == "megatron" and pipeline_split(m.n_layers, pp, vpp) is not None
+
+
 def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> dict[str, list[int]]:
     """Allowed degrees per model-parallel axis (tp, cp, pp, ep) before combining them."""
     ds = divisors(chips)
@@ -270,7 +278,7 @@ def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constrain
           and (cons.max_tp is None or t <= cons.max_tp) and (not node or t <= node)]
     cp = [c for c in ds if job.seq_len % c == 0 and (c == 1 or job.seq_len // c >= MIN_TOKENS_PER_CP_RANK)
           and (not node or c <= node)]
-    pp = [p for p in ds if m.n_layers % p == 0]
+    pp = [p for p in ds if splits(m, job, p, 1)]
     ep = [e for e in ds if m.is_moe and m.n_experts % e == 0] if m.is_moe else [1]
     out = {"tp": tp, "cp": cp, "pp": pp, "ep": ep}
     for axis in out:
@@ -317,7 +325,7 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
             return
     per_replica = job.global_batch // shards
     zeros = [0, 1] if dp > 1 else [0]
-    vpps = [1] + ([v for v in (2, 4, 8, 16, 32) if v <= MAX_VPP and m.n_layers % (pp * v) == 0] if pp > 1 else [])
+    vpps = [1] + ([v for v in (2, 4, 8, 16, 32) if v <= MAX_VPP and splits(m, job, pp, v)] if pp > 1 else [])
     for mb in divisors(per_replica):
         if fx.get("micro_batch", mb) != mb:
             continue

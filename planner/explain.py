@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from costmodel.cost import Cost
-from costmodel.estimate import dcn_split, estimate, op_time
+from costmodel.estimate import dcn_split, estimate, op_time, stage_times
 from costmodel.flops import layer_ops, logits_op
 from costmodel.job import Job
 from costmodel.model import ModelSpec
@@ -153,16 +153,18 @@ def compute_by_group(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int)
     peak = chip.effective_peak_flops(job.precision) if hasattr(chip, "effective_peak_flops") \
         else chip.peak_flops(job.precision)
     tokens = plan.micro_batch * job.seq_len / plan.cp
+    st = stage_times(m, chip, job, plan)  # which stage is the busiest (Megatron's uneven split: maybe a middle one)
     out: dict[str, float] = {}
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count == 0:
             continue
-        n = count / plan.pp
+        n = count / st.stages
         for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe):
             t = op_time(op, chip, peak) * (3.5 if op.is_attention else 3.0)
             g = OP_GROUPS.get(op.name, op.name)
             out[g] = out.get(g, 0.0) + accum * n * t
-    out["logits"] = out.get("logits", 0.0) + accum * 3 * op_time(logits_op(m, tokens, plan.tp), chip, peak)
+    if st.head > 0:
+        out["logits"] = out.get("logits", 0.0) + accum * 3 * op_time(logits_op(m, tokens, plan.tp), chip, peak)
     return out
 
 

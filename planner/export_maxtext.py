@@ -54,6 +54,20 @@ MAXTEXT_POLICIES = ("full", "save_out_proj", "save_qkv_proj", "qkv_proj_offloade
 TOPOLOGY = {"tpu-v4": ("v4", 2), "tpu-v5p": ("v5p", 2), "tpu-v5e": ("v5e", 1), "tpu-v6e": ("v6e", 1)}
 
 
+def _even_stages(pf: PlanFile, plan) -> tuple[Any, str]:
+    """MaxText splits the layers evenly over pp * vpp chunks: an uneven (Megatron) split becomes the largest pp
+    dividing both the plan's pp and the layer count, the rest of the stage axis going to dp (vpp kept if it still
+    divides, else 1)."""
+    n = pf.model.n_layers
+    if n % (plan.pp * plan.vpp) == 0:
+        return plan, ""
+    pp = math.gcd(plan.pp, n)
+    vpp = plan.vpp if pp > 1 and n % (pp * plan.vpp) == 0 else 1
+    new = plan.with_(pp=pp, vpp=vpp, dp=plan.dp * plan.pp // pp)
+    return new, (f"pipeline: MaxText splits the {n} layers evenly over pp x vpp; pp {plan.pp} -> {pp}"
+                 + (f", vpp {plan.vpp} -> {vpp}" if vpp != plan.vpp else "") + f", dp {plan.dp} -> {new.dp}")
+
+
 def _pipeline_fit(pf: PlanFile, plan) -> tuple[Any, str]:
     """With pp > 1, MaxText needs num_pipeline_microbatches (= our accumulation) to be a multiple of pp."""
     if plan.pp == 1:
@@ -94,9 +108,10 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
         if plan.tp > 1:
             notes.append("sequence_parallel false: MaxText always shards the activations between layers over "
                          "`tensor`; sequence_parallel -> true")
-    plan, why = _pipeline_fit(pf, plan)
-    if why:
-        notes.append(why)
+    for fit in (_even_stages, _pipeline_fit):
+        plan, why = fit(pf, plan)
+        if why:
+            notes.append(why)
     named = named_policy(plan.remat, MAXTEXT_POLICIES)
     plan = plan.with_(remat=named or replace(plan.remat, name="custom"))
     if job.framework != "maxtext":

@@ -6,7 +6,10 @@ Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025
   degrees     --tensor-model-parallel-size, --pipeline-model-parallel-size, --context-parallel-size,
               --expert-model-parallel-size; Megatron's data-parallel size is world / (TP * PP * CP), which is our
               dp * fsdp * ep (expert parallelism is carved out of the data-parallel ranks).
-  vpp         --num-layers-per-virtual-pipeline-stage n_layers / (pp * vpp)
+  vpp         --num-layers-per-virtual-pipeline-stage n_layers / (pp * vpp); with an uneven split
+              --num-virtual-stages-per-pipeline-rank vpp
+  uneven pp   --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers when pp * vpp does not
+              divide n_layers (costmodel.plan.pipeline_split: the middle stages take the rest evenly)
   batch       --micro-batch-size (sequences per data-parallel rank per micro-step = our micro_batch),
               --global-batch-size; Megatron requires GBS % (MBS * DP) == 0 and runs GBS / (MBS * DP) micro-batches.
   zero        1 -> --use-distributed-optimizer (+ --overlap-param-gather)
@@ -35,7 +38,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
-from costmodel.plan import REMAT_POLICIES
+from costmodel.plan import REMAT_POLICIES, pipeline_split
 from hardware.errors import InputError
 from planner.adapt import Adapted, named_policy, nearest_policy
 from planner.candidates import Constraints
@@ -151,8 +154,13 @@ def megatron_args(pf: PlanFile) -> tuple[list[str], Adapted]:
     a += ["--seq-length", str(job.seq_len), "--max-position-embeddings", str(job.seq_len),
           "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(job.global_batch),
           "--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    even = m.n_layers % (plan.pp * plan.vpp) == 0
     if plan.vpp > 1:
-        a += ["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (plan.pp * plan.vpp))]
+        a += (["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (plan.pp * plan.vpp))] if even
+              else ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)])
+    if not even:
+        first, _, last = pipeline_split(m.n_layers, plan.pp, plan.vpp)
+        a += ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers", str(last)]
     a += ["--context-parallel-size", str(plan.cp)]
     if plan.ep > 1:
         a += ["--expert-model-parallel-size", str(plan.ep)]

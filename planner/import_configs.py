@@ -21,7 +21,7 @@ from costmodel.catalog import load_model
 from costmodel.constraints import check_plan
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import REMAT_POLICIES, Plan, Remat
+from costmodel.plan import REMAT_POLICIES, Plan, Remat, pipeline_split
 from hardware.catalog import load_hardware
 from hardware.chip import Chip
 from hardware.errors import InputError, did_you_mean
@@ -428,13 +428,30 @@ MEG_VALUE_FLAGS = {
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--fp8-format", "--vocab-size",
     "--optimizer-offload-fraction", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
     "--v-head-dim", "--data-parallel-sharding-strategy", "--expert-tensor-parallel-size", "--nproc-per-node",
-    "--nproc_per_node", "--nnodes", "--window-size",
+    "--nproc_per_node", "--nnodes", "--window-size", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
 }
 MEG_BOOL_FLAGS = {
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--sequence-parallel",
     "--use-distributed-optimizer", "--bf16", "--fp16", "--optimizer-cpu-offload", "--recompute-activations",
     "--multi-latent-attention", "--use-megatron-fsdp", "--use-torch-fsdp2",
 }
+
+
+def _check_uneven_split(a: _Args, n_layers: int, pp: int, vpp: int, where: str, notes: list[str]) -> None:
+    """--decoder-first/last-pipeline-num-layers: the cost model splits the layers as costmodel.plan.pipeline_split
+    does (the busiest stage sets the step time); a different split given here is noted, not modelled."""
+    flags = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+    if not any(a.has(f) for f in flags):
+        return
+    split = pipeline_split(n_layers, pp, vpp)
+    if split is None:
+        raise InputError(f"{where}: --pipeline-model-parallel-size {pp} x {vpp} virtual stages cannot hold "
+                         f"{n_layers} layers (every stage needs a positive multiple of {vpp})")
+    given = (a.int(flags[0], split[0]), a.int(flags[1], split[2]))
+    if given != (split[0], split[2]):
+        notes.append(f"mesh: first/last stage layers {given[0]}/{given[1]} are modelled as {split[0]}/{split[2]} "
+                     f"with {split[1]} on each middle stage (the planner's uneven split)")
 
 
 def _meg_tokens(text: str, where: str) -> dict[str, str | bool]:
@@ -614,6 +631,7 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
         vpp = m.n_layers // (pp * per_chunk)
     elif a.has("--num-virtual-stages-per-pipeline-rank"):
         vpp = a.int("--num-virtual-stages-per-pipeline-rank")
+    _check_uneven_split(a, m.n_layers, pp, vpp, where, notes)
     mbs = a.int("--micro-batch-size")
     gbs = a.int("--global-batch-size", mbs * dp_meg)
     if gbs % (mbs * dp_meg):

@@ -72,6 +72,11 @@ MEGATRON_CASES = {
                         offload_optimizer=True),
     "dp-only-no-sp": pf("llama2-7b", "h100-sxm", 8, 4096, 64, "megatron", dp=8, sequence_parallel=False,
                         remat="none"),
+    # Llama 3 405B's published layout: 126 layers over 16 stages, 7 on each end stage
+    "uneven-pp": pf("llama3-405b", "h100-sxm", 1024, 8192, 128, "megatron", dp=8, tp=8, pp=16, zero=1,
+                    remat="selective"),
+    "uneven-pp-vpp": pf("llama3-405b", "h100-sxm", 1024, 8192, 128, "megatron", dp=8, tp=8, pp=16, vpp=2, zero=1,
+                        remat="selective"),
 }
 
 

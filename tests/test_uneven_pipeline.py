@@ -1,0 +1,114 @@
+"""Megatron-LM's uneven pipeline split (costmodel.plan.pipeline_split): the busiest stage sets time and memory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from costmodel.catalog import load_model
+from costmodel.estimate import estimate, stage_times
+from costmodel.job import Job
+from costmodel.memory import memory_terms
+from costmodel.model import ModelSpec
+from costmodel.plan import REMAT_POLICIES, Plan, busiest_stage_layers, pipeline_split
+from hardware.catalog import load_hardware
+from hardware.errors import InputError
+from planner.candidates import axis_options
+from planner.export import export_result
+from planner.import_configs import import_megatron
+from planner.planfile import PlanFile
+
+H100 = load_hardware("h100-sxm")
+M32 = ModelSpec("m32", n_layers=32, d_model=1024, n_heads=16, n_kv_heads=4, ffn_dim=4096, vocab_size=32000)
+M31 = replace(M32, name="m31", n_layers=31)
+MEG = Job(seq_len=2048, global_batch=64, framework="megatron")
+PP4 = Plan(dp=2, pp=4, remat=REMAT_POLICIES["full"])
+
+
+@pytest.mark.parametrize("layers, pp, vpp, want", [
+    (32, 4, 1, (8, 8, 8)),  # even: unchanged
+    (126, 16, 1, (7, 8, 7)),  # Llama 3 405B (one layer fewer on each end stage)
+    (61, 16, 1, (3, 4, 2)),  # DeepSeek-V3: 14 x 4 in the middle, 5 left for the ends
+    (61, 2, 1, (31, 31, 30)),  # no middle stage
+    (126, 16, 2, (8, 8, 6)),  # with 2 virtual stages every count is even
+    (17, 16, 1, None),  # 14 x 2 middle layers already exceed 17
+    (61, 8, 2, None),  # 61 is odd: no split into multiples of 2
+])
+def test_pipeline_split_by_hand(layers, pp, vpp, want):
+    assert pipeline_split(layers, pp, vpp) == want
+    if want:
+        first, mid, last = want
+        assert first + (pp - 2) * mid + last == layers if pp > 2 else first + last == layers
+        assert all(n % vpp == 0 and n >= vpp for n in want) and last <= first <= mid
+
+
+def test_the_busiest_stage_of_an_uneven_split():
+    # 31 layers over 4 stages: (8, 8, 7). With a large vocabulary the last stage (7 layers + the logits) is the
+    # busiest: the 32-layer model's last stage less one layer.
+    big31, big32 = replace(M31, vocab_size=256_000), replace(M32, vocab_size=256_000)
+    st31, st32 = stage_times(big31, H100, MEG, PP4), stage_times(big32, H100, MEG, PP4)
+    assert st31.stages == pytest.approx(31 / 7) and st31.head == st32.head > 0
+    assert st31.fwd == pytest.approx(st32.fwd - st32.layer_fwd)
+    assert st31.per_micro > st32.per_micro - st32.head  # more than a middle stage's 8 layers without logits
+    # With a small one a middle stage (8 layers, no logits) is: the 32-layer model's stage less the logits.
+    s31, s32 = stage_times(replace(M31, vocab_size=256), H100, MEG, PP4), stage_times(
+        replace(M32, vocab_size=256), H100, MEG, PP4)
+    assert s31.stages == pytest.approx(31 / 8) and s31.head == 0.0
+    assert s31.fwd == pytest.approx(s32.fwd - s32.head / 3)
+    assert s31.per_micro == pytest.approx(s32.per_micro - s32.head)
+
+
+def test_uneven_memory_counts_the_busiest_stage():
+    # The busiest stage of 31 layers over 4 holds 8 layers, as every stage of the 32-layer model does.
+    t31 = memory_terms(M31, H100, MEG, PP4, accum=8)
+    t32 = memory_terms(M32, H100, MEG, PP4, accum=8)
+    assert t31.param_elems == pytest.approx(t32.param_elems)
+    assert t31.peak_bytes == pytest.approx(t32.peak_bytes)
+
+
+def test_uneven_split_is_megatron_only_and_must_exist():
+    mt = replace(MEG, framework="maxtext")
+    with pytest.raises(InputError, match=r"pp\*vpp: n_layers 31 is not divisible by pp\*vpp = 4 \(maxtext splits"):
+        estimate(M31, H100, mt, PP4)
+    m17 = replace(M32, n_layers=17)
+    with pytest.raises(InputError, match=r"pp\*vpp: n_layers 17 cannot be split over pp=16"):
+        estimate(m17, H100, replace(MEG, global_batch=16), Plan(pp=16))
+    with pytest.raises(InputError, match="n_layers 17"):
+        busiest_stage_layers(17, Plan(pp=16))
+    assert estimate(M31, H100, MEG, PP4).step_time_s > 0
+
+
+def test_candidates_offer_uneven_pp_under_megatron_only():
+    m = load_model("llama3-405b")  # 126 layers
+    meg = Job(seq_len=8192, global_batch=2048, framework="megatron")
+    assert 16 in axis_options(m, H100, meg, 16384, _cons())["pp"]
+    assert 16 not in axis_options(m, H100, replace(meg, framework="maxtext"), 16384, _cons())["pp"]
+
+
+def _cons():
+    from planner.candidates import Constraints
+    return Constraints()
+
+
+def test_megatron_export_names_the_end_stages_and_imports_back(tmp_path):
+    m = load_model("llama3-405b")
+    pf = PlanFile(m, H100, 1024, Job(8192, 128, framework="megatron"),
+                  Plan(dp=8, tp=8, pp=16, zero=1, remat=REMAT_POLICIES["selective"]), "llama3-405b", "h100-sxm")
+    text = export_result(pf, "megatron").text
+    assert "--decoder-first-pipeline-num-layers 7" in text and "--decoder-last-pipeline-num-layers 7" in text
+    p = tmp_path / "args.sh"
+    p.write_text(text.replace("--decoder-first-pipeline-num-layers 7", "--decoder-first-pipeline-num-layers 8")
+                 .replace("--decoder-last-pipeline-num-layers 7", "--decoder-last-pipeline-num-layers 6"))
+    back = import_megatron(p)
+    assert back.planfile.plan.pp == 16
+    assert any("first/last stage layers 8/6 are modelled as 7/7" in n for n in back.notes)
+
+
+def test_maxtext_export_of_an_uneven_plan_uses_an_even_pp():
+    m = load_model("llama3-405b")
+    pf = PlanFile(m, H100, 1024, Job(8192, 256, framework="megatron"), Plan(dp=8, tp=8, pp=16, micro_batch=1),
+                  "llama3-405b", "h100-sxm")
+    res = export_result(pf, "maxtext")
+    assert res.adapted.plan.pp == 2 and res.adapted.plan.dp == 64  # gcd(16, 126) = 2; the rest of pp goes to dp
+    assert any("pp 16 -> 2, dp 8 -> 64" in w for w in res.warnings)
