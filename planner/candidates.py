@@ -402,7 +402,7 @@ def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: 
     limit = model_parallel_limit(m, chip, job, chips, Constraints(max_tp=cons.max_tp))
     if limit == 0:
         return InputError(f"--chips: no way to lay {m.name} on {chips} x {chip.name} under the divisibility "
-                          "rules (tp | n_heads, pp | n_layers, cp | seq_len)")
+                          "rules (tp | n_heads, pp | n_layers or a Megatron uneven split, cp | seq_len)")
     min_shards = chips // limit
     if job.global_batch < min_shards:
         return InputError(f"--global-batch: {job.global_batch} sequences is too small for {chips} chips: one "
