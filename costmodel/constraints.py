@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import Plan, busiest_stage_layers
+from costmodel.plan import UNEVEN_PP_FRAMEWORKS, Plan, busiest_stage_layers
 from hardware.chip import Chip
 from hardware.errors import InputError
 
@@ -20,11 +20,11 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     if plan.tp > 1 and m.n_kv_heads % plan.tp and plan.tp % m.n_kv_heads:
         raise InputError(f"tp: n_kv_heads {m.n_kv_heads} and tp {plan.tp} must divide one another")
     if m.n_layers % (plan.pp * plan.vpp):
-        if job.framework != "megatron":
+        if job.framework not in UNEVEN_PP_FRAMEWORKS:
             raise InputError(f"pp*vpp: n_layers {m.n_layers} is not divisible by pp*vpp = {plan.pp * plan.vpp} "
                              f"({job.framework} splits the layers evenly; Megatron-LM can split them unevenly: "
                              "--framework megatron)")
-        busiest_stage_layers(m.n_layers, plan)  # raises when even Megatron's uneven split cannot place them
+        busiest_stage_layers(m.n_layers, plan)  # raises when even an uneven split cannot place them
     if plan.vpp > 1 and plan.pp == 1:
         raise InputError(f"vpp: virtual stages ({plan.vpp}) need pp > 1")
     if job.seq_len % plan.cp:

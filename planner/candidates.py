@@ -5,9 +5,9 @@ offload (those are the CP-SAT program's decisions, planner/remat.py). Rules, all
 
   * degrees dp * fsdp * tp * cp * pp * ep = chips;
   * tp divides n_heads, and tp and n_kv_heads divide one another (costmodel.constraints.check_plan);
-  * pp * vpp divides n_layers, or under Megatron-LM the layers split unevenly (costmodel.plan.pipeline_split:
-    fewer on the end stages); vpp in {2, 4, 8, ...} only with pp > 1 and grad_accum a multiple of pp
-    (the interleaved 1F1B schedule runs micro-batches in groups of pp);
+  * pp * vpp divides n_layers, or under Megatron-LM / DeepSpeed the layers split unevenly
+    (costmodel.plan.pipeline_split: fewer on the end stages); vpp in {2, 4, 8, ...} only with pp > 1 and
+    grad_accum a multiple of pp (the interleaved 1F1B schedule runs micro-batches in groups of pp);
   * cp divides seq_len and leaves at least MIN_TOKENS_PER_CP_RANK tokens on each rank;
   * ep divides n_experts (MoE models only; dense models have ep = 1);
   * the global batch is split dp * fsdp * ep ways, then into micro-batches of `micro_batch` sequences:
@@ -35,7 +35,7 @@ from costmodel.constraints import check_plan
 from costmodel.estimate import dcn_split
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import AXES, REMAT_POLICIES, Plan, Remat, pipeline_split, remat_policy
+from costmodel.plan import AXES, REMAT_POLICIES, UNEVEN_PP_FRAMEWORKS, Plan, Remat, pipeline_split, remat_policy
 from hardware.chip import Chip
 from hardware.errors import InputError, did_you_mean
 from hardware.topology import valid_slice_sizes
@@ -264,10 +264,10 @@ def in_node(n: int, node: int, chips: int) -> bool:
 
 
 def splits(m: ModelSpec, job: Job, pp: int, vpp: int) -> bool:
-    """Whether the layers go onto pp stages of vpp chunks: evenly, or unevenly where the framework can (Megatron)."""
+    """Whether the layers go onto pp stages of vpp chunks: evenly, or unevenly where the framework can."""
     if m.n_layers % (pp * vpp) == 0:
         return True
-    return job.framework == "megatron" and pipeline_split(m.n_layers, pp, vpp) is not None
+    return job.framework in UNEVEN_PP_FRAMEWORKS and pipeline_split(m.n_layers, pp, vpp) is not None
 
 
 def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> dict[str, list[int]]:

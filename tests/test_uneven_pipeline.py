@@ -67,10 +67,11 @@ def test_uneven_memory_counts_the_busiest_stage():
     assert t31.peak_bytes == pytest.approx(t32.peak_bytes)
 
 
-def test_uneven_split_is_megatron_only_and_must_exist():
-    mt = replace(MEG, framework="maxtext")
-    with pytest.raises(InputError, match=r"pp\*vpp: n_layers 31 is not divisible by pp\*vpp = 4 \(maxtext splits"):
-        estimate(M31, H100, mt, PP4)
+def test_uneven_split_only_where_the_framework_can_and_must_exist():
+    for fw in ("maxtext", "pytorch-fsdp"):
+        with pytest.raises(InputError, match=rf"pp\*vpp: n_layers 31 is not divisible by pp\*vpp = 4 \({fw} splits"):
+            estimate(M31, H100, replace(MEG, framework=fw), PP4)
+    assert estimate(M31, H100, replace(MEG, framework="deepspeed"), PP4).step_time_s > 0
     m17 = replace(M32, n_layers=17)
     with pytest.raises(InputError, match=r"pp\*vpp: n_layers 17 cannot be split over pp=16"):
         estimate(m17, H100, replace(MEG, global_batch=16), Plan(pp=16))
