@@ -6,6 +6,7 @@ import json
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cli.main import app
@@ -107,7 +108,7 @@ def hardware_show(
     if as_json:
         typer.echo(json.dumps(to_dict(chip), indent=2))
         return
-    table = Table(title=f"{chip.name}: {chip.description}", show_header=False)
+    table = Table(title=escape(f"{chip.name}: {chip.description}"), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     rows = [

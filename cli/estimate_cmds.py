@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cli import options as o
@@ -62,18 +63,19 @@ def estimate(
                  slices=slices, vocab_tiles=vocab_tiles)
     pf = resolve_source(plan_file, from_maxtext, from_megatron, hardware, chips, model, required=False)
     if pf is None:
+        if model is not None:  # an unknown model or hardware is said before a missing flag
+            m, chip = o.resolve(model, hardware or "tpu-v5p")
         needed = (("--model", model), ("--chips", chips), ("--global-batch", global_batch))
         missing = [f for f, v in needed if v is None]
         if missing:
             raise InputError(f"{', '.join(missing)}: required (or give --plan FILE, --from-maxtext FILE or "
                              "--from-megatron FILE)")
-        m, chip = o.resolve(model, hardware or "tpu-v5p")
         job = o.make_job(4096 if seq_len is None else seq_len, global_batch, precision or "bf16",
                          framework or "maxtext", weight_dtype or "float32")
         plan = o.make_plan(*(1 if flags[k] is None else flags[k] for k in ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp",
                                                                          "micro_batch")),
-                           0 if zero is None else zero, remat or "full", offload, 1 if slices is None else slices,
-                           not no_sp, 1 if vocab_tiles is None else vocab_tiles)
+                           0 if zero is None else zero, "full" if remat is None else remat, offload,
+                           1 if slices is None else slices, not no_sp, 1 if vocab_tiles is None else vocab_tiles)
         hw_ref = hardware or "tpu-v5p"
     else:
         if plan_file:  # --plan: flags given here override the file
@@ -149,7 +151,7 @@ def bench_published(
         print_json({"rows": rows, "mape_pct": summary})
         return
     console = Console()
-    t = Table(title=f"published runs: {file}")
+    t = Table(title=escape(f"published runs: {file}"))
     for c in ("id", "hardware", "predicted s", "measured s", "error %", "mem GiB", "need GiB", "fits"):
         t.add_column(c, justify="right" if c != "id" else "left")
     for r in rows:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cli import options as o
@@ -124,7 +125,7 @@ def resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp,
     job = o.make_job(seq_len or 4096, global_batch, precision or "bf16", framework or "maxtext")
     d = {k: (1 if v is None else v) for k, v in flags.items()}
     plan = o.make_plan(d["dp"], d["fsdp"], d["tp"], d["cp"], d["pp"], d["ep"], d["vpp"], d["micro_batch"],
-                       zero or 0, remat or "full", offload, d["slices"], not no_sp)
+                       zero or 0, "full" if remat is None else remat, offload, d["slices"], not no_sp)
     return m, chip, job, plan, o.positive("--chips", chips)
 
 
@@ -150,7 +151,7 @@ def print_explanation(ex, console: Console | None = None) -> None:
     console = console or Console()
     c = ex.cost
     fit = "fits" if c.fits else f"does NOT fit (over by {c.overflow_bytes / GIB:.1f} GiB)"
-    console.print(f"[bold]{ex.model} on {ex.chips} x {ex.hardware}[/bold]: {plan_summary(ex.plan)}")
+    console.print(f"[bold]{escape(ex.model)} on {ex.chips} x {escape(ex.hardware)}[/bold]: {plan_summary(ex.plan)}")
     console.print(f"step {c.step_time_s:.3f} s   MFU {c.mfu * 100:.1f} %   {c.tokens_per_s:,.0f} tokens/s   "
                   f"memory {c.peak_memory_bytes / GIB:.2f} / {c.hbm_usable_bytes / GIB:.1f} GiB per chip"
                   + (f", needs {c.fit_memory_bytes / GIB:.2f}" if c.fit_below_total else "")
@@ -188,7 +189,7 @@ def print_explanation(ex, console: Console | None = None) -> None:
     if c.host_memory_bytes:
         mt.add_row("host memory", f"{c.host_memory_bytes / GIB:.2f}", "", "fits" if c.host_fits else "[red]over[/red]")
     console.print(mt)
-    console.print(f"[bold]Bottleneck:[/bold] {ex.bottleneck.sentence}.")
+    console.print(f"[bold]Bottleneck:[/bold] {escape(ex.bottleneck.sentence)}.")
     if ex.what_ifs:
         w = Table(title="what if (nearest changes)", title_justify="left")
         for col in ("change", "step s", "delta", "MFU", "GiB/chip", "needs", "fits"):
@@ -197,19 +198,19 @@ def print_explanation(ex, console: Console | None = None) -> None:
             wc = wi.cost
             style = "green" if wi.delta_pct < 0 and wc.fits else ("red" if not wc.fits else "")
             delta = f"[{style}]{wi.delta_pct:+.1f} %[/{style}]" if style else f"{wi.delta_pct:+.1f} %"
-            w.add_row(wi.label, f"{wc.step_time_s:.3f}", delta, f"{wc.mfu * 100:.1f} %",
+            w.add_row(escape(wi.label), f"{wc.step_time_s:.3f}", delta, f"{wc.mfu * 100:.1f} %",
                       f"{wc.peak_memory_bytes / GIB:.1f}", f"{wc.fit_memory_bytes / GIB:.1f}",
                       "yes" if wc.fits else f"[red]no (+{wc.overflow_bytes / GIB:.1f})[/red]")
         console.print(w)
         for wi in ex.what_ifs:
             if wi.detail:
-                console.print(f"[dim]{wi.label}: {wi.detail}[/dim]")
+                console.print(f"[dim]{escape(wi.label)}: {escape(wi.detail)}[/dim]")
         for wi in ex.what_ifs:
             if wi.cost is None:
-                console.print(f"[dim]skipped {wi.label}: {wi.error}[/dim]")
+                console.print(f"[dim]skipped {escape(wi.label)}: {escape(str(wi.error))}[/dim]")
         best = ex.best_what_if
         if best is not None:
-            console.print(f"[bold]Fastest nearby change on the same chips:[/bold] {best.label}: "
+            console.print(f"[bold]Fastest nearby change on the same chips:[/bold] {escape(best.label)}: "
                           f"{best.cost.step_time_s:.3f} s ({best.delta_pct:+.1f} %).")
 
 

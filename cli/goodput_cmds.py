@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cli import options as o
@@ -45,18 +48,18 @@ INTERVAL = typer.Option(None, "--checkpoint-min", help="Checkpoint interval in m
 def make_reliability(mtbf_hours: float | None, spares: int, restart_min: float, replace_min: float,
                      repair_hours: float, ckpt_write_gbps: float, ckpt_read_gbps: float, ckpt_storage_gbps: float,
                      checkpoint_min: float | None) -> Reliability:
-    if mtbf_hours is not None and not mtbf_hours > 0:
+    if mtbf_hours is not None and not (mtbf_hours > 0 and math.isfinite(mtbf_hours)):
         raise InputError(f"--mtbf-hours: expected a positive number, got {mtbf_hours}")
     if spares is None or spares < 0:
         raise InputError(f"--spares: expected a non-negative integer, got {spares}")
     for flag, v in (("--restart-min", restart_min), ("--replace-min", replace_min)):
-        if not v >= 0:
+        if not (v >= 0 and math.isfinite(v)):
             raise InputError(f"{flag}: expected a non-negative number, got {v}")
     for flag, v in (("--repair-hours", repair_hours), ("--ckpt-write-gbps", ckpt_write_gbps),
                     ("--ckpt-read-gbps", ckpt_read_gbps), ("--ckpt-storage-gbps", ckpt_storage_gbps)):
-        if not v > 0:
+        if not (v > 0 and math.isfinite(v)):
             raise InputError(f"{flag}: expected a positive number, got {v}")
-    if checkpoint_min is not None and not checkpoint_min > 0:
+    if checkpoint_min is not None and not (checkpoint_min > 0 and math.isfinite(checkpoint_min)):
         raise InputError(f"--checkpoint-min: expected a positive number, got {checkpoint_min}")
     return Reliability(mtbf_h=mtbf_hours, restart_s=restart_min * 60, replace_s=replace_min * 60,
                        repair_h=repair_hours, ckpt_write_Bps=ckpt_write_gbps * 1e9, ckpt_read_Bps=ckpt_read_gbps * 1e9,
@@ -106,7 +109,7 @@ def goodput_rows(g: Goodput) -> list[tuple[str, str]]:
 
 
 def print_goodput(g: Goodput, title: str, console: Console | None = None) -> None:
-    t = Table(title=title, show_header=False)
+    t = Table(title=escape(title), show_header=False)
     t.add_column("metric", style="bold")
     t.add_column("value")
     for k, v in goodput_rows(g):
@@ -158,12 +161,17 @@ def goodput_cmd(
             raise InputError("--chips: required with --model")
         o.positive("--chips", chips)
         m, chip = o.resolve(model, hardware)
-        if global_batch is None:
-            from planner.candidates import default_global_batch
-
-            global_batch = default_global_batch(chips, seq_len)
-        job = o.make_job(seq_len, global_batch, precision, framework)
         plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, vpp, micro_batch, zero, remat, offload, slices, not no_sp)
+        if global_batch is None:
+            from planner.candidates import Constraints, default_batch_for, default_global_batch
+
+            o.make_job(seq_len, 1, precision, framework)  # check the job fields first
+            if plan.chips == 1 and chips > 1:  # the planner's plan: the default batch suggest would use
+                global_batch, _ = default_batch_for(m, chip, chips, seq_len, precision, framework or "maxtext",
+                                                    Constraints())
+            else:
+                global_batch = default_global_batch(chips, seq_len)
+        job = o.make_job(seq_len, global_batch, precision, framework)
         n = chips
         if plan.chips == 1 and chips > 1:
             from planner.solve import search
@@ -228,7 +236,7 @@ def replan_cmd(
                     "new_tokens_per_s": r.new_cost.tokens_per_s, "reshard": rs.__dict__,
                     "out": out})
         return
-    t = Table(title=f"replan {pf.model.name} on {chip_name(pf)}: {r.old_chips} -> {r.new_chips} chips",
+    t = Table(title=escape(f"replan {pf.model.name} on {chip_name(pf)}: {r.old_chips} -> {r.new_chips} chips"),
               show_header=False)
     t.add_column("item", style="bold")
     t.add_column("value")

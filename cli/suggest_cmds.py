@@ -15,16 +15,16 @@ from hardware.errors import InputError
 GIB = 2**30
 SHORT = {"layer_input": "in", "qkv_proj": "qkv", "context": "ctx", "out_proj": "out", "mlp_in": "mlp_in",
          "mlp_out": "mlp_out"}
-TOKENS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)\s*$", re.IGNORECASE)
+TOKENS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmg]?)\s*$", re.IGNORECASE)
 
 
 def parse_tokens(text: str | None) -> int | None:
-    """'4M' -> 4 * 2**20 tokens (K/M/G are powers of two, as batch sizes in tokens usually are)."""
+    """'4M' -> 4 * 2**20 tokens (K/M/G are powers of two, as batch sizes in tokens usually are); '4e6' -> 4,000,000."""
     if text is None:
         return None
     m = TOKENS_RE.match(text)
     if not m:
-        raise InputError(f"--tokens-per-batch: expected a positive number of tokens such as 4194304 or 4M, "
+        raise InputError(f"--tokens-per-batch: expected a positive number of tokens such as 4194304, 4M or 4e6, "
                          f"got {text!r}")
     value = float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()]
     if value < 1:
@@ -100,6 +100,7 @@ def suggestion_dict(s) -> dict:
 
 def print_suggestion(s) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from cli.render import print_cost
@@ -112,13 +113,13 @@ def print_suggestion(s) -> None:
             + f": seq {job.seq_len}, global batch {job.global_batch} ({job.tokens / 2**20:.1f}M tokens), "
             f"{job.precision}, {job.framework}")
     if not s.plans:
-        console.print(f"[bold]{head}[/bold]")
+        console.print(f"[bold]{escape(head)}[/bold]")
         inf = s.infeasible
-        console.print(f"[bold red]{inf.reason if inf else 'no plan fits'}[/bold red]")
+        console.print(f"[bold red]{escape(inf.reason) if inf else 'no plan fits'}[/bold red]")
         for tip in (inf.suggestions if inf else ()):
-            console.print(f"  - {tip}")
+            console.print(f"  - {escape(tip)}")
         return
-    t = Table(title=f"top {len(s.plans)} plans: {head}")
+    t = Table(title=escape(f"top {len(s.plans)} plans: {head}"))
     gp = s.goodput
     cols = ["#", "degrees", "mb x accum", "remat / offload", "step s", "MFU", "tokens/s", "GiB need/usable", "dominant"]
     if gp:

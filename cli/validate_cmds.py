@@ -257,14 +257,15 @@ def _plan_info(r) -> dict:
 
 def _print_table(results) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     for r in results:
         if r.error:
-            console.print(f"[red]{r.name}: {r.error}[/red]")
+            console.print(f"[red]{escape(r.name)}: {escape(r.error)}[/red]")
             continue
-        t = Table(title=f"{r.name} ({r.model.name}, seq {r.job.seq_len}, batch {r.job.global_batch})")
+        t = Table(title=escape(f"{r.name} ({r.model.name}, seq {r.job.seq_len}, batch {r.job.global_batch})"))
         for c in ("quantity", "predicted", "XLA / measured", "error %", "ok"):
             t.add_column(c, justify="left" if c == "quantity" else "right")
         for c in r.checks:

@@ -40,14 +40,15 @@ def run_target(target: str, plan, m_full, label: str, seq_len: int, as_json: boo
 
 def _print(r) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     if r.error:
-        console.print(f"[red]{r.name}: {r.error}[/red]")
+        console.print(f"[red]{escape(r.name)}: {escape(r.error)}[/red]")
         return
-    t = Table(title=f"{r.name}: {r.model.name} on {r.target.name}, seq {r.job.seq_len}, batch {r.job.global_batch} "
-                    f"(XLA:TPU compile, {r.compile_s:.0f} s)")
+    t = Table(title=escape(f"{r.name}: {r.model.name} on {r.target.name}, seq {r.job.seq_len}, "
+                           f"batch {r.job.global_batch} (XLA:TPU compile, {r.compile_s:.0f} s)"))
     for c in ("quantity", "predicted", "XLA:TPU", "error %", "ok"):
         t.add_column(c, justify="left" if c == "quantity" else "right")
     for c in r.checks:

@@ -410,8 +410,12 @@ def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: 
                           f"ranks need a global batch of at least {min_shards} (a multiple of it)")
     if cons.fixed or cons.max_tp is not None or cons.slices is not None:
         if _has_candidates(m, chip, job, chips, Constraints()):
+            opts = axis_options(m, chip, job, chips, Constraints(max_tp=cons.max_tp))
+            allowed = [f"{a} is one of {', '.join(map(str, opts[a]))}" for a, v in cons.fixed.items()
+                       if a in opts and v not in opts[a]]
+            hint = f" (here {'; '.join(allowed)})" if allowed else ""
             return InputError(f"--fix: no plan for {m.name} on {chips} x {chip.name} satisfies "
-                              f"{cons.describe()} with global batch {job.global_batch}")
+                              f"{cons.describe()} with global batch {job.global_batch}{hint}")
     near = usable_batches(m, chip, job, chips, cons)
     hint = f"; nearest usable global batches: {', '.join(map(str, near))}" if near else ""
     return InputError(f"--global-batch: no plan for {m.name} on {chips} x {chip.name} takes a global batch of "

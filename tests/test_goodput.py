@@ -267,13 +267,23 @@ def test_cli_goodput_table():
 @pytest.mark.parametrize("extra", [
     ("--mtbf-hours", "0"), ("--mtbf-hours", "-3"), ("--price-per-chip-hour", "0", "--train-tokens", "1T"),
     ("--train-tokens", "0"), ("--train-tokens", "-5T"), ("--train-tokens", "lots"), ("--spares", "-1"),
-    ("--ckpt-write-gbps", "0"), ("--checkpoint-min", "-1"),
+    ("--ckpt-write-gbps", "0"), ("--checkpoint-min", "-1"), ("--mtbf-hours", "inf"), ("--restart-min", "nan"),
 ])
 def test_cli_goodput_bad_input_one_line_exit_2(extra):
     p = run_cli(*GP, *extra)
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: {extra[0]}:"), p.stderr
+
+
+def test_cli_goodput_of_a_plan_file_whose_path_rich_could_read_as_markup(tmp_path):
+    from planner.planfile import save_plan
+
+    # The table title shows the plan's source in brackets: '[/path]' is a closing tag to rich unless escaped.
+    src = save_plan(tmp_path / "[x]plan.yaml", "llama3-70b", "tpu-v5p", 64, JOB70, Plan(fsdp=64))
+    p = run_cli("goodput", "--plan", str(src))
+    assert p.returncode == 0, p.stderr
+    assert f"[{src}]" in p.stdout.replace("\n", "")
 
 
 def test_cli_replan(tmp_path):
@@ -311,3 +321,11 @@ def test_suggest_ranks_by_days_to_train():
 def test_suggest_train_tokens_bad_input():
     r = run_cli("suggest", "--model", "8B", "--chips", "16", "--train-tokens", "lots")
     assert r.returncode == 2 and "--train-tokens" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_goodput_without_a_plan_takes_the_batch_suggest_would():
+    # 16,384 H100s: the default ~4M-token batch (1024 x 4096) leaves no mesh; suggest doubles it, so does goodput.
+    p = run_cli("goodput", "--model", "llama3-405b", "--hardware", "h100-sxm", "--chips", "16384", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["global_batch"] == 2048 and d["plan_source"] == "planner search (fastest step)"

@@ -109,6 +109,7 @@ def test_tokens_per_batch_shorthand():
     from cli.suggest_cmds import parse_tokens
 
     assert parse_tokens("4M") == 4 * 2**20 and parse_tokens("65536") == 65536 and parse_tokens(None) is None
+    assert parse_tokens("1e9") == 10**9 and parse_tokens("2.5E6") == 2_500_000  # as --train-tokens accepts
     with pytest.raises(InputError, match="tokens-per-batch"):
         parse_tokens("lots")
 
@@ -431,3 +432,13 @@ def test_infeasibility_hints_keep_the_jobs_settings(monkeypatch):
     solve.explain_infeasible(load_model("llama3-70b"), load_hardware("tpu-v5e"), job, 8, Constraints(), 1e12, None)
     assert seen and all(j.weight_dtype == "bfloat16" and not j.scan_layers for j in seen)
     assert {j.seq_len for j in seen} == {4096, 2048}
+
+
+def test_fix_on_an_impossible_degree_names_the_allowed_values():
+    from planner.candidates import explain_no_candidates
+
+    m = load_model("llama3-8b")  # 32 heads, 8 KV heads
+    err = explain_no_candidates(m, V5P, Job(4096, 1024), 64, Constraints(fixed={"tp": 3}))
+    assert "satisfies tp=3" in str(err) and "(here tp is one of 1, 2, 4, 8, 16, 32)" in str(err)
+    err = explain_no_candidates(m, V5P, Job(4096, 1024), 64, Constraints(fixed={"ep": 4}))
+    assert "(here ep is one of 1)" in str(err)  # a dense model has no expert axis
