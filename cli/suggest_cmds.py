@@ -171,7 +171,8 @@ def suggest(
                                   help="State/collective conventions: maxtext, megatron, pytorch-fsdp or deepspeed "
                                        "[maxtext; megatron with --export megatron]."),
     precision: str = o.PRECISION,
-    exhaustive: bool = typer.Option(False, "--exhaustive", help="Solve every mesh candidate (no pruning)."),
+    exhaustive: bool = typer.Option(False, "--exhaustive", help="Solve every mesh candidate (no pruning; a check "
+                                    "of the default search, seconds to minutes)."),
     as_json: bool = o.JSON,
     save: str = typer.Option(None, "--save", help="Write the best plan as a plan file (YAML, or JSON for .json)."),
     export: str = typer.Option(None, "--export",
