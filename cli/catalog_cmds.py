@@ -246,15 +246,15 @@ def models_show(
     shorthand = model_catalog.is_shorthand(name_or_path)
     if shorthand:
         typer.echo(f"{name_or_path.strip()} -> {model_catalog.describe_shorthand(name_or_path)}")
-    table = Table(title=m.name if shorthand else f"{m.name}: {m.description}", show_header=False)
+    table = Table(title=escape(m.name if shorthand else f"{m.name}: {m.description}"), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     fields = to_dict(m)
     for key in ("name", "description", "source"):
         fields.pop(key)
     for key, value in fields.items():
-        table.add_row(key, str(value).lower() if isinstance(value, bool) else str(value))
+        table.add_row(key, str(value).lower() if isinstance(value, bool) else escape(str(value)))
     for key, value in _model_counts(m).items():
         table.add_row(key, f"{value:,} ({model_catalog.format_params(value)})" if value else "0")
-    table.add_row("source", m.source)
+    table.add_row("source", escape(m.source))
     _console().print(table)

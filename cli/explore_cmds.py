@@ -348,7 +348,7 @@ def sweep(
     console.print(_sweep_table(rows, varied))
     for p, what in ((out, "rows"), (plot_path, "figure")):
         if p:
-            console.print(f"wrote {what} to {p}")
+            console.print(f"wrote {what} to {escape(str(p))}")
 
 
 def _run_with_progress(pts: list[dict], workers: int | None) -> list[dict]:

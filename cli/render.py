@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from costmodel.cost import Cost
@@ -43,7 +44,7 @@ def print_json(obj: dict) -> None:
 
 def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
     console = console or Console()
-    head = Table(title=title, show_header=False)
+    head = Table(title=escape(title), show_header=False)
     head.add_column("metric", style="bold")
     head.add_column("value", justify="right")
     fit = "yes" if cost.fits else f"NO (over by {cost.overflow_bytes / GIB:.1f} GiB)"

@@ -364,3 +364,20 @@ def test_infinite_hardware_number_is_an_input_error(field, tmp_path, capsys, mon
     code, _, err = planner(capsys, monkeypatch, "estimate", "--model", "llama3-8b", "-H", str(p), "-n", "8",
                            "--fsdp", "8", "-b", "8", "--json")
     assert_one_line_error(code, err, "inf.yaml", field)
+
+
+def test_user_text_that_rich_would_read_as_markup_is_printed_as_is(capsys, monkeypatch, tmp_path):
+    # '[/y]' is a closing tag to rich and '[b]' a style: both must come out literally, never as a traceback.
+    folder = tmp_path / "[b]"
+    folder.mkdir()
+    path = folder / "m.yaml"
+    path.write_text('name: "m[/y]"\nn_layers: 2\nd_model: 64\nn_heads: 4\nffn_dim: 128\nvocab_size: 100\n')
+    code, out, err = planner(capsys, monkeypatch, "models", "show", str(path))
+    assert code == 0 and "m[/y]" in out, err
+    code, out, err = planner(capsys, monkeypatch, "estimate", "-m", str(path), "-H", "h100-sxm", "-n", "8", "-b", "8",
+                             "--dp", "8")
+    assert code == 0 and "m[/y] on 8 x h100-sxm" in out, err
+    csv = folder / "s.csv"
+    code, out, err = planner(capsys, monkeypatch, "sweep", "-v", "chips=8,16", "-m", "llama3-8b", "-H", "h100-sxm",
+                             "-o", str(csv))
+    assert code == 0 and "[b]" in out.replace("\n", ""), err
