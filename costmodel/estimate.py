@@ -135,11 +135,12 @@ class StageTimes:
 
 def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
     """The busiest stage's times: the last stage (its layers and the logits), or under Megatron's uneven split
-    (costmodel.plan.pipeline_split) a middle stage when its extra layers outweigh the last stage's logits."""
-    _, mid, last = pipeline_split(m.n_layers, plan.pp, plan.vpp)
+    (costmodel.plan.pipeline_split) the stage with the most layers when they outweigh the last stage's logits."""
+    first, mid, last = pipeline_split(m.n_layers, plan.pp, plan.vpp)
     st = _stage_times(m, chip, job, plan, last, logits=True)
-    if mid > last:
-        other = _stage_times(m, chip, job, plan, mid, logits=False)
+    most = max(first, mid)  # the first stage's embedding lookup is not timed (a gather, negligible)
+    if most > last:
+        other = _stage_times(m, chip, job, plan, most, logits=False)
         if other.per_micro > st.per_micro:
             return other
     return st

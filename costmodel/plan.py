@@ -170,22 +170,28 @@ def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
     """Layers on (the first, each middle, the last) pipeline stage; None when the layers cannot be split.
 
     pp * vpp divides n_layers: L / pp everywhere. Otherwise Megatron-LM's uneven split
-    (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers): each middle stage takes
-    c = vpp * ceil(L / (pp * vpp)) layers and the two end stages share the rest, the last (which also computes the
-    logits and the loss) no more than the first. Every stage's count must be a positive multiple of vpp (Megatron's
-    rule with virtual stages). Llama 3 405B: 126 layers over 16 stages = 7 + 14 x 8 + 7 (Dubey et al. 2024,
-    section 3.3.2: one layer fewer on the first and the last stage); DeepSeek-V3's 61 over 16 = 3 + 14 x 4 + 2."""
+    (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers): the pp - 2 middle stages take m
+    layers each and the two end stages share the rest, the last (which also computes the logits and the loss) no
+    more than the first; m is c = vpp * ceil(L / (pp * vpp)) or c - vpp, whichever leaves the busiest stage
+    smaller. Every stage's count must be a positive multiple of vpp (Megatron's rule with virtual stages).
+    Llama 3 405B: 126 layers over 16 stages = 7 + 14 x 8 + 7 (Dubey et al. 2024, section 3.3.2: one layer fewer
+    on the first and the last stage); DeepSeek-V3's 61 over 16 = 3 + 14 x 4 + 2; 61 over 12 = 6 + 10 x 5 + 5."""
     if n_layers % (pp * vpp) == 0:
         return (n_layers // pp,) * 3
     if pp < 2 or n_layers % vpp:
         return None
     c = vpp * -(-n_layers // (pp * vpp))
-    rest = n_layers - (pp - 2) * c  # layers left for the two end stages
-    last = vpp * (rest // (2 * vpp))
-    first = rest - last
-    if last < vpp or first > c:
-        return None
-    return first, (c if pp > 2 else first), last
+    best = None
+    for mid in ((c,) if pp == 2 else (c, c - vpp)):
+        rest = n_layers - (pp - 2) * mid  # layers left for the two end stages
+        last = vpp * (rest // (2 * vpp))
+        first = rest - last
+        if mid < vpp or last < vpp:
+            continue
+        split = (first, mid if pp > 2 else first, last)
+        if best is None or max(split) < max(best):
+            best = split
+    return best
 
 
 def busiest_stage_layers(n_layers: int, plan: Plan) -> int:

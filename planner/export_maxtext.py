@@ -56,16 +56,16 @@ TOPOLOGY = {"tpu-v4": ("v4", 2), "tpu-v5p": ("v5p", 2), "tpu-v5e": ("v5e", 1), "
 
 def _even_stages(pf: PlanFile, plan) -> tuple[Any, str]:
     """MaxText splits the layers evenly over pp * vpp chunks: an uneven (Megatron) split becomes the largest pp
-    dividing both the plan's pp and the layer count, the rest of the stage axis going to dp (vpp kept if it still
-    divides, else 1)."""
+    dividing both the plan's pp and the layer count, the rest of the stage axis going to fsdp (which shards the
+    weights the stages no longer split; vpp kept if it still divides, else 1)."""
     n = pf.model.n_layers
     if n % (plan.pp * plan.vpp) == 0:
         return plan, ""
     pp = math.gcd(plan.pp, n)
     vpp = plan.vpp if pp > 1 and n % (pp * plan.vpp) == 0 else 1
-    new = plan.with_(pp=pp, vpp=vpp, dp=plan.dp * plan.pp // pp)
+    new = plan.with_(pp=pp, vpp=vpp, fsdp=plan.fsdp * plan.pp // pp)
     return new, (f"pipeline: MaxText splits the {n} layers evenly over pp x vpp; pp {plan.pp} -> {pp}"
-                 + (f", vpp {plan.vpp} -> {vpp}" if vpp != plan.vpp else "") + f", dp {plan.dp} -> {new.dp}")
+                 + (f", vpp {plan.vpp} -> {vpp}" if vpp != plan.vpp else "") + f", fsdp {plan.fsdp} -> {new.fsdp}")
 
 
 def _pipeline_fit(pf: PlanFile, plan) -> tuple[Any, str]:
@@ -89,6 +89,9 @@ def _pipeline_fit(pf: PlanFile, plan) -> tuple[Any, str]:
 def maxtext_plan(pf: PlanFile) -> Adapted:
     """The nearest plan MaxText 0.2.5 can run (and the job under MaxText's state convention)."""
     plan, job, notes = pf.plan, pf.job, []
+    plan, why = _even_stages(pf, plan)
+    if why:
+        notes.append(why)
     if plan.zero == 3 and plan.dp > 1:
         plan = plan.with_(dp=1, fsdp=plan.fsdp * plan.dp, zero=0)
         notes.append(f"zero 3 over dp={pf.plan.dp}: MaxText shards weights over its fsdp axis; "
@@ -108,10 +111,9 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
         if plan.tp > 1:
             notes.append("sequence_parallel false: MaxText always shards the activations between layers over "
                          "`tensor`; sequence_parallel -> true")
-    for fit in (_even_stages, _pipeline_fit):
-        plan, why = fit(pf, plan)
-        if why:
-            notes.append(why)
+    plan, why = _pipeline_fit(pf, plan)
+    if why:
+        notes.append(why)
     named = named_policy(plan.remat, MAXTEXT_POLICIES)
     plan = plan.with_(remat=named or replace(plan.remat, name="custom"))
     if job.framework != "maxtext":

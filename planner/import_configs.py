@@ -439,19 +439,35 @@ MEG_BOOL_FLAGS = {
 
 
 def _check_uneven_split(a: _Args, n_layers: int, pp: int, vpp: int, where: str, notes: list[str]) -> None:
-    """--decoder-first/last-pipeline-num-layers: the cost model splits the layers as costmodel.plan.pipeline_split
-    does (the busiest stage sets the step time); a different split given here is noted, not modelled."""
+    """The stages' layer counts as Megatron-LM lays them out: pp * vpp must divide --num-layers unless
+    --decoder-first/last-pipeline-num-layers are given; then the other stages share the rest equally (an end stage
+    without its flag counts as one of them). The cost model splits as costmodel.plan.pipeline_split does; a
+    different split given here is noted, not modelled."""
     flags = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
-    if not any(a.has(f) for f in flags):
+    given = [a.int(f) if a.has(f) else None for f in flags]
+    if given == [None, None]:
+        if n_layers % (pp * vpp):
+            raise InputError(f"{where}: --num-layers {n_layers} is not divisible by --pipeline-model-parallel-size "
+                             f"{pp}" + (f" x {vpp} virtual stages" if vpp > 1 else "") + "; Megatron-LM splits "
+                             "unevenly only with --decoder-first-pipeline-num-layers / "
+                             "--decoder-last-pipeline-num-layers")
         return
+    others = pp - sum(g is not None for g in given)
+    rest = n_layers - sum(g or 0 for g in given)
+    if others < 1 or rest < others or rest % others:
+        raise InputError(f"{where}: {' and '.join(f for f, g in zip(flags, given, strict=True) if g is not None)} "
+                         f"leave {rest} of {n_layers} layers for {others} stages; expected a positive multiple of "
+                         f"{others}")
+    mid = rest // others
+    first, last = (mid if g is None else g for g in given)
     split = pipeline_split(n_layers, pp, vpp)
     if split is None:
         raise InputError(f"{where}: --pipeline-model-parallel-size {pp} x {vpp} virtual stages cannot hold "
                          f"{n_layers} layers (every stage needs a positive multiple of {vpp})")
-    given = (a.int(flags[0], split[0]), a.int(flags[1], split[2]))
-    if given != (split[0], split[2]):
-        notes.append(f"mesh: first/last stage layers {given[0]}/{given[1]} are modelled as {split[0]}/{split[2]} "
-                     f"with {split[1]} on each middle stage (the planner's uneven split)")
+    if (first, mid, last) != split:
+        notes.append(f"mesh: stages of {first} / {mid} / {last} layers (first / middle / last) are modelled as "
+                     f"{split[0]} / {split[1]} / {split[2]} (the planner's uneven split; busiest {max(split)}, "
+                     f"given {max(first, mid, last)})")
 
 
 def _meg_tokens(text: str, where: str) -> dict[str, str | bool]:

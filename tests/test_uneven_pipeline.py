@@ -32,15 +32,18 @@ PP4 = Plan(dp=2, pp=4, remat=REMAT_POLICIES["full"])
     (61, 16, 1, (3, 4, 2)),  # DeepSeek-V3: 14 x 4 in the middle, 5 left for the ends
     (61, 2, 1, (31, 31, 30)),  # no middle stage
     (126, 16, 2, (8, 8, 6)),  # with 2 virtual stages every count is even
-    (17, 16, 1, None),  # 14 x 2 middle layers already exceed 17
     (61, 8, 2, None),  # 61 is odd: no split into multiples of 2
+    (61, 12, 1, (6, 5, 5)),  # 10 x 6 in the middle would leave 1 layer for two ends: 5 in the middle instead
+    (17, 16, 1, (2, 1, 1)),
+    (9, 6, 1, (3, 1, 2)),  # equal middle stages cannot do better than 3 (the ideal 2 needs 2+2+2+1+1+1)
+    (10, 16, 1, None),  # more stages than layers
 ])
 def test_pipeline_split_by_hand(layers, pp, vpp, want):
     assert pipeline_split(layers, pp, vpp) == want
     if want:
         first, mid, last = want
         assert first + (pp - 2) * mid + last == layers if pp > 2 else first + last == layers
-        assert all(n % vpp == 0 and n >= vpp for n in want) and last <= first <= mid
+        assert all(n % vpp == 0 and n >= vpp for n in want) and last <= first
 
 
 def test_the_busiest_stage_of_an_uneven_split():
@@ -57,6 +60,9 @@ def test_the_busiest_stage_of_an_uneven_split():
     assert s31.stages == pytest.approx(31 / 8) and s31.head == 0.0
     assert s31.fwd == pytest.approx(s32.fwd - s32.head / 3)
     assert s31.per_micro == pytest.approx(s32.per_micro - s32.head)
+    # 61 layers over 12 stages: (6, 5, 5); the first stage, with the most layers, is the busiest without logits.
+    s61 = stage_times(replace(M32, n_layers=61, vocab_size=256), H100, MEG, Plan(dp=2, pp=12))
+    assert s61.stages == pytest.approx(61 / 6) and s61.head == 0.0
 
 
 def test_uneven_memory_counts_the_busiest_stage():
@@ -72,11 +78,11 @@ def test_uneven_split_only_where_the_framework_can_and_must_exist():
         with pytest.raises(InputError, match=rf"pp\*vpp: n_layers 31 is not divisible by pp\*vpp = 4 \({fw} splits"):
             estimate(M31, H100, replace(MEG, framework=fw), PP4)
     assert estimate(M31, H100, replace(MEG, framework="deepspeed"), PP4).step_time_s > 0
-    m17 = replace(M32, n_layers=17)
-    with pytest.raises(InputError, match=r"pp\*vpp: n_layers 17 cannot be split over pp=16"):
-        estimate(m17, H100, replace(MEG, global_batch=16), Plan(pp=16))
-    with pytest.raises(InputError, match="n_layers 17"):
-        busiest_stage_layers(17, Plan(pp=16))
+    m10 = replace(M32, n_layers=10)
+    with pytest.raises(InputError, match=r"pp\*vpp: n_layers 10 cannot be split over pp=16"):
+        estimate(m10, H100, replace(MEG, global_batch=16), Plan(pp=16))  # more stages than layers
+    with pytest.raises(InputError, match="n_layers 10"):
+        busiest_stage_layers(10, Plan(pp=16))
     assert estimate(M31, H100, MEG, PP4).step_time_s > 0
 
 
@@ -103,7 +109,20 @@ def test_megatron_export_names_the_end_stages_and_imports_back(tmp_path):
                  .replace("--decoder-last-pipeline-num-layers 7", "--decoder-last-pipeline-num-layers 6"))
     back = import_megatron(p)
     assert back.planfile.plan.pp == 16
-    assert any("first/last stage layers 8/6 are modelled as 7/7" in n for n in back.notes)
+    assert any("stages of 8 / 8 / 6 layers (first / middle / last) are modelled as 7 / 8 / 7" in n
+               for n in back.notes)
+    # Megatron's own rule: an end stage without its flag takes the middle stages' share, (126 - 6) / 15 = 8
+    p.write_text(text.replace("--decoder-first-pipeline-num-layers 7", "")
+                 .replace("--decoder-last-pipeline-num-layers 7", "--decoder-last-pipeline-num-layers 6"))
+    assert any("stages of 8 / 8 / 6 layers" in n for n in import_megatron(p).notes)
+    # without either flag Megatron refuses 126 layers over 16 stages; a share that does not divide too
+    p.write_text(text.replace("--decoder-first-pipeline-num-layers 7", "")
+                 .replace("--decoder-last-pipeline-num-layers 7", ""))
+    with pytest.raises(InputError, match="--num-layers 126 is not divisible by --pipeline-model-parallel-size 16"):
+        import_megatron(p)
+    p.write_text(text.replace("--decoder-first-pipeline-num-layers 7", "--decoder-first-pipeline-num-layers 5"))
+    with pytest.raises(InputError, match="leave 114 of 126 layers for 14 stages; expected a positive multiple of 14"):
+        import_megatron(p)
 
 
 def test_maxtext_export_of_an_uneven_plan_uses_an_even_pp():
@@ -111,5 +130,6 @@ def test_maxtext_export_of_an_uneven_plan_uses_an_even_pp():
     pf = PlanFile(m, H100, 1024, Job(8192, 256, framework="megatron"), Plan(dp=8, tp=8, pp=16, micro_batch=1),
                   "llama3-405b", "h100-sxm")
     res = export_result(pf, "maxtext")
-    assert res.adapted.plan.pp == 2 and res.adapted.plan.dp == 64  # gcd(16, 126) = 2; the rest of pp goes to dp
-    assert any("pp 16 -> 2, dp 8 -> 64" in w for w in res.warnings)
+    # gcd(16, 126) = 2; the rest of the stage axis goes to fsdp, which shards the weights pp no longer splits
+    assert res.adapted.plan.pp == 2 and res.adapted.plan.fsdp == 8 and res.adapted.plan.dp == 8
+    assert any("pp 16 -> 2, fsdp 1 -> 8" in w for w in res.warnings)
