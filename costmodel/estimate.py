@@ -23,9 +23,17 @@ from costmodel.flops import (
     model_flops_per_token,
 )
 from costmodel.job import Job
-from costmodel.memory import MemoryTerms, layer_stages, maxtext_pipeline, memory_terms, weight_shard_degrees
+from costmodel.memory import (
+    MemoryTerms,
+    busiest_kinds,
+    layer_stages,
+    maxtext_pipeline,
+    memory_terms,
+    stage_kinds,
+    weight_shard_degrees,
+)
 from costmodel.model import ModelSpec
-from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, pipeline_split
+from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan
 from hardware.chip import Chip
 from hardware.errors import InputError
 from hardware.topology import AxisLink, collective_time, lay_out
@@ -127,6 +135,7 @@ class StageTimes:
     recompute_flops: float
     head: float = 0.0  # the logits' forward and backward within fwd and bwd (outside MaxText's pipeline bubble)
     stages: float = 1.0  # n_layers / this stage's layers (pp when they split evenly)
+    kinds: tuple[float, float] = (0.0, 0.0)  # its (dense-MLP, MoE) layers
 
     @property
     def per_micro(self) -> float:
@@ -135,29 +144,32 @@ class StageTimes:
 
 def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
     """The busiest stage's times: the last stage (its layers and the logits), or under Megatron's uneven split
-    (costmodel.plan.pipeline_split) the stage with the most layers when they outweigh the last stage's logits."""
-    first, mid, last = pipeline_split(m.n_layers, plan.pp, plan.vpp)
-    st = _stage_times(m, chip, job, plan, last, logits=True)
-    most = max(first, mid)  # the first stage's embedding lookup is not timed (a gather, negligible)
-    if most > last:
-        other = _stage_times(m, chip, job, plan, most, logits=False)
-        if other.per_micro > st.per_micro:
-            return other
-    return st
+    (costmodel.plan.pipeline_split) or with a MoE model's leading dense layers (memory.stage_kinds) another stage
+    when its layers outweigh the last stage's logits."""
+    mixes: dict[tuple[float, float], bool] = {}
+    for dense, moe, logits in stage_kinds(m, plan):  # a mix with the logits costs more than the same without
+        mixes[(dense, moe)] = mixes.get((dense, moe), False) or logits
+    best = None
+    for mix, logits in mixes.items():
+        st = _stage_times(m, chip, job, plan, mix, logits)
+        if best is None or st.per_micro > best.per_micro:
+            best = st
+    return best
 
 
-def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, layers: int, logits: bool) -> StageTimes:
-    """Times of a stage holding `layers` layers (in the model's average mix of dense and MoE layers), with or
-    without the logits."""
+def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[float, float],
+                 logits: bool) -> StageTimes:
+    """Times of a stage holding kinds = (dense-MLP, MoE) layers, with or without the logits."""
+    layers = round(kinds[0] + kinds[1])  # a whole number of layers (kinds may be fractional: the average mix)
     stages = m.n_layers / layers  # pp when the layers split evenly
     peak = chip.effective_peak_flops(job.precision)
     tokens = plan.micro_batch * job.seq_len / plan.cp
-    kinds = [(False, m.n_dense_mlp_layers), (True, m.n_moe_layers)]
+    kinds_by_type = [(False, m.n_dense_mlp_layers), (True, m.n_moe_layers)]
     fwd = bwd = rec = elem = attn = flops = rflops = 0.0
-    for moe, count in kinds:
+    for moe, count in kinds_by_type:
         if count == 0:
             continue
-        n = count / stages  # layers of this kind per stage (fractional on average)
+        n = kinds[moe]  # layers of this kind on the stage (fractional: the model's average mix)
         ops = layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe)
         t_ops = [op_time(op, chip, peak) for op in ops]
         # Backward: 2x forward for matmuls; flash attention backward recomputes the scores: 2.5x forward.
@@ -176,7 +188,7 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, layers: int, lo
     # of them on every chip, i.e. 1 / pp per micro-step.
     t_lg = op_time(lg, chip, peak) / head_stages(job, plan) if logits else 0.0
     return StageTimes(fwd + t_lg, bwd + 2 * t_lg, rec, elem, attn, fwd / layers, bwd / layers,
-                      flops + (lg.flops if logits else 0.0), rflops, 3 * t_lg, stages)
+                      flops + (lg.flops if logits else 0.0), rflops, 3 * t_lg, stages, kinds)
 
 
 def head_stages(job: Job, plan: Plan) -> int:
@@ -198,11 +210,13 @@ def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, 
     tokens = plan.micro_batch * job.seq_len / plan.cp
     sp = plan.tp if plan.sequence_parallel else 1
     rerun = 1.0 if plan.remat.count("remat") else 0.0
+    kinds = busiest_kinds(m, plan)
     total = 0.0
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count:
             fwd, bwd = layer_vector_flops(m, tokens, job.seq_len, plan.tp, sp, moe)
-            total += count / layer_stages(m, plan) * ((1 + rerun) * fwd + bwd)
+            n = count / layer_stages(m, plan) if kinds is None else kinds[moe]  # on the busiest stage
+            total += n * ((1 + rerun) * fwd + bwd)
     total += loss_vector_flops(m, tokens, plan.tp) / head_stages(job, plan)
     return accum * total + ADAM_OPS * mem.optimizer_param_elems
 
@@ -227,7 +241,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         nbytes = tokens * m.d_model * BF16
         t = collective_time(links["tp"], "all-reduce", nbytes, chip.eff.link, chip.eff.net)
         # MLP bytes per layer, in units of nbytes (a MoE layer's routed rows)
-        mlp_w = (m.n_dense_mlp_layers + m.n_moe_layers * m.routed_rows_per_token) / m.n_layers
+        dense, moe = busiest_kinds(m, plan) or (m.n_dense_mlp_layers, m.n_moe_layers)
+        mlp_w = (dense + moe * m.routed_rows_per_token) / (dense + moe)
         t_mlp = collective_time(links["tp"], "all-reduce", nbytes * mlp_w, chip.eff.link, chip.eff.net)
         # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
         # full recompute) repeats the other.
@@ -372,7 +387,9 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
         a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / split
         t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
-        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * m.n_moe_layers / layer_stages(m, plan) * layer_steps
+        kinds = busiest_kinds(m, plan)
+        moe_layers = m.n_moe_layers / layer_stages(m, plan) if kinds is None else kinds[1]
+        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * moe_layers * layer_steps
         out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))
 
     # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.

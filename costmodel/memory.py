@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import TENSORS, Plan, busiest_stage_layers
+from costmodel.plan import TENSORS, Plan, busiest_stage_layers, pipeline_split
 from hardware.chip import Chip
 
 BF16 = 2
@@ -218,26 +218,63 @@ def weight_shard_degrees(job: Job, plan: Plan, experts: bool = False) -> dict[st
 def layer_stages(m: ModelSpec, plan: Plan) -> float:
     """pp when the layers split evenly over the stages; else n_layers / (the busiest stage's layers)
     (costmodel.plan.pipeline_split, Megatron's uneven split), so that per-stage quantities counted as totals / this
-    are the busiest stage's (conservatively, layer kinds in their average mix)."""
+    are the busiest stage's in the model's average mix of layer kinds (busiest_kinds gives the exact mix of a MoE
+    model with leading dense layers)."""
     return m.n_layers / busiest_stage_layers(m.n_layers, plan)
+
+
+def stage_kinds(m: ModelSpec, plan: Plan) -> list[tuple[float, float, bool]]:
+    """(dense-MLP layers, MoE layers, holds the logits) of each pipeline stage, first to last (one entry without
+    pp). A MoE model's leading dense layers (n_dense_layers) sit on the first stages, as Megatron and MaxText place
+    them, so a middle stage of DeepSeek-V3 (3 dense + 58 MoE layers) over 16 stages holds 4 MoE layers, not the
+    average 3.8; with virtual stages (chunks dealt round the ring) and for models with one kind of layer every
+    stage has the model's average mix."""
+    split = pipeline_split(m.n_layers, plan.pp, plan.vpp)
+    counts = [m.n_layers] if plan.pp == 1 else [split[0], *[split[1]] * (plan.pp - 2), split[2]]
+    mixed = m.n_dense_mlp_layers > 0 and m.n_moe_layers > 0 and plan.vpp == 1
+    out, start = [], 0
+    for i, n in enumerate(counts):
+        if mixed:
+            dense = max(0, min(start + n, m.n_dense_mlp_layers) - start)
+            out.append((float(dense), float(n - dense), i == len(counts) - 1))
+        else:
+            stages = m.n_layers / n
+            out.append((m.n_dense_mlp_layers / stages, m.n_moe_layers / stages, i == len(counts) - 1))
+        start += n
+    return out
+
+
+def busiest_kinds(m: ModelSpec, plan: Plan) -> tuple[float, float] | None:
+    """(dense, MoE) layers of the stage whose memory the cost model counts: the most layers, then the most MoE
+    layers; None when every stage has the average mix (then totals / layer_stages give the same counts)."""
+    if not (m.n_dense_mlp_layers > 0 and m.n_moe_layers > 0 and plan.vpp == 1 and plan.pp > 1):
+        return None
+    dense, moe, _ = max(stage_kinds(m, plan), key=lambda k: (k[0] + k[1], k[1]))
+    return dense, moe
 
 
 def expert_params_per_chip(m: ModelSpec, plan: Plan) -> float:
     """Routed-expert weights on this chip before fsdp sharding (sharded over ep, tp and pp)."""
     if not m.is_moe:
         return 0.0
+    kinds = busiest_kinds(m, plan)
+    if kinds is not None:
+        return kinds[1] * m.n_experts / plan.ep * m.expert_params() / plan.tp
     return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (layer_stages(m, plan) * plan.tp)
 
 
 def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron") -> tuple[float, float, float]:
     """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share)."""
     tp, pp, ep = plan.tp, layer_stages(m, plan), plan.ep
-    non_expert = m.n_layers * (m.attn_params() + m.layer_norm_params()) + m.n_dense_mlp_layers * m.dense_mlp_params()
+    kinds = busiest_kinds(m, plan)
+    layers, dense, moe = ((m.n_layers, m.n_dense_mlp_layers, m.n_moe_layers) if kinds is None
+                          else (m.n_layers / pp, *kinds))  # the whole model, or the busiest stage's layers
+    non_expert = layers * (m.attn_params() + m.layer_norm_params()) + dense * m.dense_mlp_params()
     expert = 0.0
     if m.is_moe:
-        non_expert += m.n_moe_layers * m.d_model * m.n_experts  # routers, replicated over ep
-        expert = m.n_moe_layers * (m.n_experts / ep + m.n_shared_experts) * m.expert_params()
-    body = (non_expert + expert) / (pp * tp)
+        non_expert += moe * m.d_model * m.n_experts  # routers, replicated over ep
+        expert = moe * (m.n_experts / ep + m.n_shared_experts) * m.expert_params()
+    body = (non_expert + expert) / ((pp if kinds is None else 1) * tp)
     # Embedding (vocab-sharded by tp): both tables on one stage without pipelining; with it, one per end stage
     # (Megatron), or both on every stage (MaxText embeds and computes the logits outside its pipeline module;
     # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).
@@ -279,10 +316,11 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     choices = plan.remat.choices()
     saved = offl = none_all = 0.0
     layers_stage = m.n_layers / layer_stages(m, plan)
+    kinds = busiest_kinds(m, plan)
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
-        if count == 0:
+        if count == 0 or (kinds is not None and kinds[moe] == 0):
             continue
-        frac = count / m.n_layers
+        frac = count / m.n_layers if kinds is None else kinds[moe] / layers_stage  # of the stage's layers
         buf = routed_buffer_factor(m, job, plan) if moe else 1.0
         el = tensor_elems_per_token(m, plan, moe, buf)
         extra = extra_saved_elems_per_token(m, plan, moe, buf)

@@ -158,7 +158,7 @@ def compute_by_group(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int)
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count == 0:
             continue
-        n = count / st.stages
+        n = st.kinds[moe]
         for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe):
             t = op_time(op, chip, peak) * (3.5 if op.is_attention else 3.0)
             g = OP_GROUPS.get(op.name, op.name)

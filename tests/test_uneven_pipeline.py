@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from costmodel.catalog import load_model
-from costmodel.estimate import estimate, stage_times
+from costmodel.estimate import _stage_times, estimate, stage_times
 from costmodel.job import Job
-from costmodel.memory import memory_terms
+from costmodel.memory import busiest_kinds, memory_terms, stage_kinds
 from costmodel.model import ModelSpec
 from costmodel.plan import REMAT_POLICIES, Plan, busiest_stage_layers, pipeline_split
 from hardware.catalog import load_hardware
@@ -133,3 +133,25 @@ def test_maxtext_export_of_an_uneven_plan_uses_an_even_pp():
     # gcd(16, 126) = 2; the rest of the stage axis goes to fsdp, which shards the weights pp no longer splits
     assert res.adapted.plan.pp == 2 and res.adapted.plan.fsdp == 8 and res.adapted.plan.dp == 8
     assert any("pp 16 -> 2, fsdp 1 -> 8" in w for w in res.warnings)
+
+
+def test_a_moe_models_leading_dense_layers_sit_on_the_first_stage():
+    # 8 layers, the first 2 dense (DeepSeek's first_k_dense_replace), over 4 stages: stage 0 holds the 2 dense
+    # layers, the others 2 MoE layers each. The busiest stage is then exactly the all-MoE model's (not an average
+    # 1.5 MoE + 0.5 dense layers).
+    moe = ModelSpec("moe8", n_layers=8, d_model=256, n_heads=8, n_kv_heads=4, ffn_dim=1024, vocab_size=1000,
+                    n_experts=8, experts_per_token=2, moe_ffn_dim=256)
+    mixed = replace(moe, name="moe8-dense2", n_dense_layers=2)
+    plan = Plan(dp=2, pp=4, ep=2, remat=REMAT_POLICIES["full"])
+    assert stage_kinds(mixed, plan) == [(2.0, 0.0, False), (0.0, 2.0, False), (0.0, 2.0, False), (0.0, 2.0, True)]
+    assert busiest_kinds(mixed, plan) == (0.0, 2.0)
+    a, b = memory_terms(mixed, H100, MEG, plan, accum=8), memory_terms(moe, H100, MEG, plan, accum=8)
+    assert a.param_elems == pytest.approx(b.param_elems) and a.peak_bytes == pytest.approx(b.peak_bytes)
+    # Time: the slower of stage 0 (2 dense layers, whose MLP of 1024 outweighs top-2 experts of 256) and the
+    # last (2 MoE layers and the logits); here the dense stage.
+    st = stage_times(mixed, H100, MEG, plan)
+    dense0, last = _stage_times(mixed, H100, MEG, plan, (2.0, 0.0), False), stage_times(moe, H100, MEG, plan)
+    assert st.kinds == (2.0, 0.0) and st.per_micro == pytest.approx(dense0.per_micro)
+    assert dense0.per_micro > last.per_micro
+    # models with one kind of layer keep the average (exact) mix
+    assert busiest_kinds(moe, plan) is None and stage_kinds(moe, plan)[0] == (0.0, 2.0, False)
