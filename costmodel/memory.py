@@ -188,12 +188,19 @@ def maxtext_pipeline(job: Job, plan: Plan) -> bool:
     return plan.pp > 1 and job.framework == "maxtext"
 
 
-def pipeline_inflight(job: Job, plan: Plan, accum: int) -> float:
-    """Micro-batches' worth of checkpoints a pipeline stage keeps per layer (1 without pp)."""
+def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> float:
+    """Micro-batches' worth of checkpoints a pipeline stage keeps per layer of the busiest stage (1 without pp).
+    n_layers: the model's, for an uneven split (costmodel.plan.pipeline_split)."""
     if maxtext_pipeline(job, plan):
         # one scan over M * vpp + pp - 1 iterations of L / (pp * vpp) layers, differentiated as a whole: every
         # iteration's checkpoints are kept (the bubble's too)
         return accum + (plan.pp - 1) / plan.vpp
+    if plan.pp > 1 and plan.vpp == 1 and n_layers % plan.pp:
+        # 1F1B over an uneven split: stage s keeps min(M, pp - s) micro-batches of its own layers; the most of them
+        # (Llama 3 405B over 16 stages: the second stage's 8 x 15, not 8 x 16), per layer of the busiest stage
+        first, mid, last = pipeline_split(n_layers, plan.pp, 1)
+        counts = [first, *[mid] * (plan.pp - 2), last]
+        return max(n * min(accum, plan.pp - s) for s, n in enumerate(counts)) / max(counts)
     if plan.pp > 1:  # 1F1B: min(M, pp) in flight, more with interleaved stages
         return min(accum, plan.pp) * ((1 + (plan.pp - 1) / (plan.pp * plan.vpp)) if plan.vpp > 1 else 1)
     return 1.0
@@ -342,7 +349,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         # without this term, -2.6/-4.7/-3.8 % with it). Not counted for capacity-based routing (buffer 1).
         grouped = el["mlp_in"] + mlp_act_elems(m, plan, moe, buf) if buf > 1 else 0.0
         none_all = max(none_all, (sum(el.values()) + extra + grouped) * tokens * BF16)
-    inflight = pipeline_inflight(job, plan, accum)
+    inflight = pipeline_inflight(job, plan, accum, m.n_layers)
     act_saved = saved * layers_stage * inflight
     loop_buffers, loop_tp, layer_grads = 0.0, 0.0, 0.0
     # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)

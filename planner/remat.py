@@ -472,7 +472,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
     s.logits = c_min.memory.get("logits", 0.0)
-    s.inflight = pipeline_inflight(job, mesh.plan(), c0.grad_accum)
+    s.inflight = pipeline_inflight(job, mesh.plan(), c0.grad_accum, m.n_layers)
     s.same_stages = maxtext_pipeline(job, mesh.plan())
 
     def ks(c: Cost) -> float:

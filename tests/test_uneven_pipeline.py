@@ -155,3 +155,14 @@ def test_a_moe_models_leading_dense_layers_sit_on_the_first_stage():
     assert dense0.per_micro > last.per_micro
     # models with one kind of layer keep the average (exact) mix
     assert busiest_kinds(moe, plan) is None and stage_kinds(moe, plan)[0] == (0.0, 2.0, False)
+
+
+def test_1f1b_in_flight_over_an_uneven_split():
+    # 126 layers over 16 stages (7 + 14 x 8 + 7): stage 0 keeps 16 micro-batches of 7 layers, stage 1 15 of 8: the
+    # most is 120 layer-micro-batches, 15 per layer of the busiest (8-layer) stage; an even split keeps 16.
+    from costmodel.memory import pipeline_inflight
+
+    meg = Job(seq_len=2048, global_batch=256, framework="megatron")
+    assert pipeline_inflight(meg, Plan(pp=16), 16, 126) == 15.0
+    assert pipeline_inflight(meg, Plan(pp=16), 4, 126) == 4.0  # few micro-batches: every stage keeps all 4
+    assert pipeline_inflight(meg, Plan(pp=16), 16, 128) == 16.0
