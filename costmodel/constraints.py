@@ -68,6 +68,10 @@ def check_framework_rules(job: Job, plan: Plan) -> None:
         if tokens % plan.vocab_tiles:
             raise InputError(f"vocab_tiles: must divide the tokens per micro-batch on a chip ({tokens}), "
                              f"got {plan.vocab_tiles}")
+    if job.framework == "deepspeed" and plan.vpp > 1:
+        # DeepSpeed's PipelineEngine runs one model chunk per stage (its TrainSchedule is plain 1F1B).
+        raise InputError(f"vpp: DeepSpeed's pipeline engine has no interleaved schedule; expected vpp 1 with "
+                         f"framework deepspeed, got {plan.vpp}")
     if job.framework == "megatron":
         if plan.cp > 1 and job.seq_len % (2 * plan.cp):
             raise InputError(f"cp: Megatron needs seq_len ({job.seq_len}) divisible by 2*cp ({2 * plan.cp})")

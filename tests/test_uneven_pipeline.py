@@ -78,6 +78,8 @@ def test_uneven_split_only_where_the_framework_can_and_must_exist():
         with pytest.raises(InputError, match=rf"pp\*vpp: n_layers 31 is not divisible by pp\*vpp = 4 \({fw} splits"):
             estimate(M31, H100, replace(MEG, framework=fw), PP4)
     assert estimate(M31, H100, replace(MEG, framework="deepspeed"), PP4).step_time_s > 0
+    with pytest.raises(InputError, match="vpp: DeepSpeed's pipeline engine has no interleaved schedule"):
+        estimate(M32, H100, replace(MEG, framework="deepspeed"), PP4.with_(vpp=2))
     m10 = replace(M32, n_layers=10)
     with pytest.raises(InputError, match=r"pp\*vpp: n_layers 10 cannot be split over pp=16"):
         estimate(m10, H100, replace(MEG, global_batch=16), Plan(pp=16))  # more stages than layers
