@@ -226,7 +226,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     """Every collective of a step with its exposed time (after overlap with the compute it can hide behind)."""
     ov = chip.eff.overlap
     out: list[Collective] = []
-    layers = m.n_layers / layer_stages(m, plan)  # the busiest stage's
+    kinds = busiest_kinds(m, plan)
+    layers = m.n_layers / layer_stages(m, plan) if kinds is None else kinds[0] + kinds[1]  # the busiest stage's
     tokens = plan.micro_batch * job.seq_len / plan.cp
     micro_steps = accum
     # Layer passes per stage, in micro-batches: MaxText's pipeline iterations run every stage through the bubble

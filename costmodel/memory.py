@@ -252,11 +252,15 @@ def stage_kinds(m: ModelSpec, plan: Plan) -> list[tuple[float, float, bool]]:
 
 
 def busiest_kinds(m: ModelSpec, plan: Plan) -> tuple[float, float] | None:
-    """(dense, MoE) layers of the stage whose memory the cost model counts: the most layers, then the most MoE
-    layers; None when every stage has the average mix (then totals / layer_stages give the same counts)."""
+    """(dense, MoE) layers of the stage whose memory the cost model counts: the most weights on a chip (a MoE
+    layer's experts outweigh several dense layers), then the most layers; None when every stage has the average
+    mix (then totals / layer_stages give the same counts)."""
     if not (m.n_dense_mlp_layers > 0 and m.n_moe_layers > 0 and plan.vpp == 1 and plan.pp > 1):
         return None
-    dense, moe, _ = max(stage_kinds(m, plan), key=lambda k: (k[0] + k[1], k[1]))
+    common = m.attn_params() + m.layer_norm_params()
+    dense_w = common + m.dense_mlp_params()
+    moe_w = common + m.d_model * m.n_experts + (m.n_experts / plan.ep + m.n_shared_experts) * m.expert_params()
+    dense, moe, _ = max(stage_kinds(m, plan), key=lambda k: (k[0] * dense_w + k[1] * moe_w, k[0] + k[1]))
     return dense, moe
 
 
@@ -275,7 +279,7 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron")
     tp, pp, ep = plan.tp, layer_stages(m, plan), plan.ep
     kinds = busiest_kinds(m, plan)
     layers, dense, moe = ((m.n_layers, m.n_dense_mlp_layers, m.n_moe_layers) if kinds is None
-                          else (m.n_layers / pp, *kinds))  # the whole model, or the busiest stage's layers
+                          else (kinds[0] + kinds[1], *kinds))  # the whole model, or the busiest stage's layers
     non_expert = layers * (m.attn_params() + m.layer_norm_params()) + dense * m.dense_mlp_params()
     expert = 0.0
     if m.is_moe:
@@ -286,7 +290,7 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron")
     # (Megatron), or both on every stage (MaxText embeds and computes the logits outside its pipeline module;
     # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).
     emb = (m.embedding_params() if plan.pp == 1 or framework == "maxtext" else m.vocab_size * m.d_model) / tp
-    return body, body / (m.n_layers / pp), emb
+    return body, body / (m.n_layers / pp if kinds is None else layers), emb
 
 
 def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
@@ -299,7 +303,9 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     body, layer_w, emb = param_counts_per_chip(m, plan, job.framework)
     experts = expert_params_per_chip(m, plan)
     params = (body - experts + emb) / weight_shards + experts / expert_shards
-    layer_experts = experts / (m.n_layers / layer_stages(m, plan))  # the routed experts' share of layer_w
+    kinds = busiest_kinds(m, plan)
+    layers_stage = m.n_layers / layer_stages(m, plan) if kinds is None else kinds[0] + kinds[1]
+    layer_experts = experts / layers_stage  # the routed experts' share of layer_w
     opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)
     grad_params = params / (plan.dp if plan.zero == 2 else 1)
 
@@ -322,8 +328,6 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     tokens = plan.micro_batch * job.seq_len / plan.cp
     choices = plan.remat.choices()
     saved = offl = none_all = 0.0
-    layers_stage = m.n_layers / layer_stages(m, plan)
-    kinds = busiest_kinds(m, plan)
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count == 0 or (kinds is not None and kinds[moe] == 0):
             continue

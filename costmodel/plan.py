@@ -172,8 +172,9 @@ def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
     pp * vpp divides n_layers: L / pp everywhere. Otherwise Megatron-LM's uneven split
     (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers): the pp - 2 middle stages take m
     layers each and the two end stages share the rest, the last (which also computes the logits and the loss) no
-    more than the first; m is c = vpp * ceil(L / (pp * vpp)) or c - vpp, whichever leaves the busiest stage
-    smaller. Every stage's count must be a positive multiple of vpp (Megatron's rule with virtual stages).
+    more than the first; m is c = vpp * ceil(L / (pp * vpp)), or c - vpp when that alone leaves the end stages
+    room and no stage above c (so the busiest stage is always c, as small as any split makes it). Every stage's
+    count must be a positive multiple of vpp (Megatron's rule with virtual stages).
     Llama 3 405B: 126 layers over 16 stages = 7 + 14 x 8 + 7 (Dubey et al. 2024, section 3.3.2: one layer fewer
     on the first and the last stage); DeepSeek-V3's 61 over 16 = 3 + 14 x 4 + 2; 61 over 12 = 6 + 10 x 5 + 5."""
     if n_layers % (pp * vpp) == 0:
@@ -186,7 +187,7 @@ def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
         rest = n_layers - (pp - 2) * mid  # layers left for the two end stages
         last = vpp * (rest // (2 * vpp))
         first = rest - last
-        if mid < vpp or last < vpp:
+        if mid < vpp or last < vpp or first > c:
             continue
         split = (first, mid if pp > 2 else first, last)
         if best is None or max(split) < max(best):

@@ -452,6 +452,10 @@ def _check_uneven_split(a: _Args, n_layers: int, pp: int, vpp: int, where: str, 
                              "unevenly only with --decoder-first-pipeline-num-layers / "
                              "--decoder-last-pipeline-num-layers")
         return
+    for f, g in zip(flags, given, strict=True):
+        if g is not None and (g < vpp or g % vpp):
+            raise InputError(f"{where}: argument {f}: expected a positive multiple of the {vpp} virtual stages, "
+                             f"got {g}")
     others = pp - sum(g is not None for g in given)
     rest = n_layers - sum(g or 0 for g in given)
     if others < 1 or rest < others or rest % others:
@@ -630,6 +634,10 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     pp = a.int("--pipeline-model-parallel-size", 1)
     cp = a.int("--context-parallel-size", 1)
     ep = a.int("--expert-model-parallel-size", 1)
+    for flag, v in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
+                    ("--context-parallel-size", cp), ("--expert-model-parallel-size", ep)):
+        if v < 1:
+            raise InputError(f"{where}: argument {flag}: expected a positive integer, got {v}")
     if world % (tp * pp * cp):
         raise InputError(f"{where}: world size {world} is not divisible by TP*PP*CP = {tp}*{pp}*{cp}")
     dp_meg = world // (tp * pp * cp)
@@ -641,12 +649,18 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     vpp = 1
     if a.has("--num-layers-per-virtual-pipeline-stage"):
         per_chunk = a.int("--num-layers-per-virtual-pipeline-stage")
+        if per_chunk < 1:
+            raise InputError(f"{where}: argument --num-layers-per-virtual-pipeline-stage: expected a positive "
+                             f"integer, got {per_chunk}")
         if m.n_layers % (pp * per_chunk):
             raise InputError(f"{where}: --num-layers-per-virtual-pipeline-stage {per_chunk} x PP {pp} does not "
                              f"divide {m.n_layers} layers")
         vpp = m.n_layers // (pp * per_chunk)
     elif a.has("--num-virtual-stages-per-pipeline-rank"):
         vpp = a.int("--num-virtual-stages-per-pipeline-rank")
+        if vpp < 1:
+            raise InputError(f"{where}: argument --num-virtual-stages-per-pipeline-rank: expected a positive "
+                             f"integer, got {vpp}")
     _check_uneven_split(a, m.n_layers, pp, vpp, where, notes)
     mbs = a.int("--micro-batch-size")
     gbs = a.int("--global-batch-size", mbs * dp_meg)

@@ -35,7 +35,8 @@ PP4 = Plan(dp=2, pp=4, remat=REMAT_POLICIES["full"])
     (61, 8, 2, None),  # 61 is odd: no split into multiples of 2
     (61, 12, 1, (6, 5, 5)),  # 10 x 6 in the middle would leave 1 layer for two ends: 5 in the middle instead
     (17, 16, 1, (2, 1, 1)),
-    (9, 6, 1, (3, 1, 2)),  # equal middle stages cannot do better than 3 (the ideal 2 needs 2+2+2+1+1+1)
+    (9, 6, 1, None),  # equal middle stages cannot keep every stage at 2 (3 + 4 x 1 + 2 would be the best)
+    (28, 16, 1, None),  # 7 + 14 x 1 + 7: the ends would hold 7 layers where an even-ish split holds 2
     (10, 16, 1, None),  # more stages than layers
 ])
 def test_pipeline_split_by_hand(layers, pp, vpp, want):
@@ -44,6 +45,7 @@ def test_pipeline_split_by_hand(layers, pp, vpp, want):
         first, mid, last = want
         assert first + (pp - 2) * mid + last == layers if pp > 2 else first + last == layers
         assert all(n % vpp == 0 and n >= vpp for n in want) and last <= first
+        assert max(want) == vpp * -(-layers // (pp * vpp))  # the busiest stage as small as any split's
 
 
 def test_the_busiest_stage_of_an_uneven_split():
@@ -125,6 +127,15 @@ def test_megatron_export_names_the_end_stages_and_imports_back(tmp_path):
     p.write_text(text.replace("--decoder-first-pipeline-num-layers 7", "--decoder-first-pipeline-num-layers 5"))
     with pytest.raises(InputError, match="leave 114 of 126 layers for 14 stages; expected a positive multiple of 14"):
         import_megatron(p)
+    for bad in ("0", "-2"):
+        flag = "--decoder-first-pipeline-num-layers"
+        p.write_text(text.replace(f"{flag} 7", f"{flag} {bad}"))
+        with pytest.raises(InputError, match=f"--decoder-first-pipeline-num-layers: expected a positive multiple of "
+                                             f"the 1 virtual stages, got {bad}"):
+            import_megatron(p)
+    p.write_text(text + "\n--num-virtual-stages-per-pipeline-rank 0\n")
+    with pytest.raises(InputError, match="--num-virtual-stages-per-pipeline-rank: expected a positive integer, got 0"):
+        import_megatron(p)
 
 
 def test_maxtext_export_of_an_uneven_plan_uses_an_even_pp():
@@ -168,3 +179,16 @@ def test_1f1b_in_flight_over_an_uneven_split():
     assert pipeline_inflight(meg, Plan(pp=16), 16, 126) == 15.0
     assert pipeline_inflight(meg, Plan(pp=16), 4, 126) == 4.0  # few micro-batches: every stage keeps all 4
     assert pipeline_inflight(meg, Plan(pp=16), 16, 128) == 16.0
+
+
+def test_the_memory_stage_is_the_one_with_the_most_weights_not_the_most_layers():
+    # 9 layers, the first 3 dense, over 8 stages: (2, 1, 1) -> stage 0 holds 2 dense layers, stage 1 one dense,
+    # the rest one MoE layer each. A MoE layer's 8 experts outweigh two dense layers, so memory is a MoE stage's:
+    # the same weights per chip as an all-MoE 8-layer model over 8 stages.
+    moe8 = ModelSpec("moe8", n_layers=8, d_model=256, n_heads=8, n_kv_heads=4, ffn_dim=1024, vocab_size=1000,
+                     n_experts=8, experts_per_token=2, moe_ffn_dim=512)
+    mixed = replace(moe8, name="moe9-dense3", n_layers=9, n_dense_layers=3)
+    plan = Plan(dp=2, pp=8, remat=REMAT_POLICIES["full"])
+    assert busiest_kinds(mixed, plan) == (0.0, 1.0)
+    a, b = memory_terms(mixed, H100, MEG, plan, accum=8), memory_terms(moe8, H100, MEG, plan, accum=8)
+    assert a.param_elems == pytest.approx(b.param_elems)
