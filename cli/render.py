@@ -42,6 +42,12 @@ def print_json(obj: dict) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
 
+def stage_layers_text(split: tuple[int, ...]) -> str:
+    """'8 each' for an even pipeline split, else 'first / middle / last' (Megatron's uneven split)."""
+    first, mid, last = split
+    return f"{mid} each" if first == mid == last else f"{first} / {mid} / {last} (first / middle / last)"
+
+
 def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
     console = console or Console()
     head = Table(title=escape(title), show_header=False)
@@ -56,7 +62,9 @@ def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
                  ("memory per chip", f"{cost.peak_memory_bytes / GIB:.2f} / {cost.hbm_usable_bytes / GIB:.1f} GiB"),
                  *((("least memory XLA needs", f"{cost.fit_memory_bytes / GIB:.2f} GiB (the fit check)"),)
                    if cost.fit_below_total else ()),
-                 ("fits", fit), ("gradient accumulation", str(cost.grad_accum)),
+                 ("fits", fit), *((("layers per stage", stage_layers_text(cost.stage_layers)),)
+                                  if cost.stage_layers else ()),
+                 ("gradient accumulation", str(cost.grad_accum)),
                  ("state convention", cost.convention)):
         head.add_row(k, v)
     if cost.host_memory_bytes:

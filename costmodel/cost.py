@@ -42,6 +42,7 @@ class Cost:
     collectives: tuple[Collective, ...] = ()
     vector_flops_per_step: float = 0.0  # element-wise FLOPs (costmodel.flops.layer_vector_flops), all chips
     convention: str = ""  # state convention used for memory ('maxtext' fp32 weights / 'megatron' bf16 + master)
+    stage_layers: tuple[int, ...] = ()  # layers on (the first, each middle, the last) pipeline stage; () without pp
 
     @property
     def fit_below_total(self) -> bool:
@@ -63,6 +64,7 @@ class Cost:
             "grad_accum": self.grad_accum, "model_flops_per_step": self.model_flops_per_step,
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "vector_flops_per_step": self.vector_flops_per_step, "convention": self.convention,
+            "stage_layers": list(self.stage_layers),
             "breakdown": {"time_s": dict(self.time), "memory_bytes": dict(self.memory)},
             "collectives": [c.__dict__ for c in self.collectives],
         }

@@ -33,7 +33,7 @@ from costmodel.memory import (
     weight_shard_degrees,
 )
 from costmodel.model import ModelSpec
-from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan
+from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, pipeline_split
 from hardware.chip import Chip
 from hardware.errors import InputError
 from hardware.topology import AxisLink, collective_time, lay_out
@@ -492,4 +492,5 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         memory=dict(mem.breakdown),
         collectives=tuple(colls),
         convention=mem.convention,
+        stage_layers=pipeline_split(m.n_layers, plan.pp, plan.vpp) if plan.pp > 1 else (),
     )

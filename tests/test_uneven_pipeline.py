@@ -87,7 +87,9 @@ def test_uneven_split_only_where_the_framework_can_and_must_exist():
         estimate(m10, H100, replace(MEG, global_batch=16), Plan(pp=16))  # more stages than layers
     with pytest.raises(InputError, match="n_layers 10"):
         busiest_stage_layers(10, Plan(pp=16))
-    assert estimate(M31, H100, MEG, PP4).step_time_s > 0
+    cost = estimate(M31, H100, MEG, PP4)
+    assert cost.step_time_s > 0 and cost.stage_layers == (8, 8, 7) and cost.to_dict()["stage_layers"] == [8, 8, 7]
+    assert estimate(M32, H100, MEG, Plan(dp=8)).stage_layers == ()
 
 
 def test_candidates_offer_uneven_pp_under_megatron_only():
