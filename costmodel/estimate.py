@@ -242,7 +242,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         nbytes = tokens * m.d_model * BF16
         t = collective_time(links["tp"], "all-reduce", nbytes, chip.eff.link, chip.eff.net)
         # MLP bytes per layer, in units of nbytes (a MoE layer's routed rows)
-        dense, moe = busiest_kinds(m, plan) or (m.n_dense_mlp_layers, m.n_moe_layers)
+        dense, moe = kinds or (m.n_dense_mlp_layers, m.n_moe_layers)
         mlp_w = (dense + moe * m.routed_rows_per_token) / (dense + moe)
         t_mlp = collective_time(links["tp"], "all-reduce", nbytes * mlp_w, chip.eff.link, chip.eff.net)
         # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
@@ -388,7 +388,6 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
         a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / split
         t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
-        kinds = busiest_kinds(m, plan)
         moe_layers = m.n_moe_layers / layer_stages(m, plan) if kinds is None else kinds[1]
         count = (4 + 2 * (plan.remat.mlp_in == "remat")) * moe_layers * layer_steps
         out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))

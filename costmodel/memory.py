@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import TENSORS, Plan, busiest_stage_layers, pipeline_split
+from costmodel.plan import TENSORS, Plan, busiest_stage_layers, stage_layer_counts
 from hardware.chip import Chip
 
 BF16 = 2
@@ -198,8 +198,7 @@ def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> fl
     if plan.pp > 1 and plan.vpp == 1 and n_layers % plan.pp:
         # 1F1B over an uneven split: stage s keeps min(M, pp - s) micro-batches of its own layers; the most of them
         # (Llama 3 405B over 16 stages: the second stage's 8 x 15, not 8 x 16), per layer of the busiest stage
-        first, mid, last = pipeline_split(n_layers, plan.pp, 1)
-        counts = [first, *[mid] * (plan.pp - 2), last]
+        counts = stage_layer_counts(n_layers, plan.pp)
         return max(n * min(accum, plan.pp - s) for s, n in enumerate(counts)) / max(counts)
     if plan.pp > 1:  # 1F1B: min(M, pp) in flight, more with interleaved stages
         return min(accum, plan.pp) * ((1 + (plan.pp - 1) / (plan.pp * plan.vpp)) if plan.vpp > 1 else 1)
@@ -236,8 +235,7 @@ def stage_kinds(m: ModelSpec, plan: Plan) -> list[tuple[float, float, bool]]:
     them, so a middle stage of DeepSeek-V3 (3 dense + 58 MoE layers) over 16 stages holds 4 MoE layers, not the
     average 3.8; with virtual stages (chunks dealt round the ring) and for models with one kind of layer every
     stage has the model's average mix."""
-    split = pipeline_split(m.n_layers, plan.pp, plan.vpp)
-    counts = [m.n_layers] if plan.pp == 1 else [split[0], *[split[1]] * (plan.pp - 2), split[2]]
+    counts = stage_layer_counts(m.n_layers, plan.pp, plan.vpp)
     mixed = m.n_dense_mlp_layers > 0 and m.n_moe_layers > 0 and plan.vpp == 1
     out, start = [], 0
     for i, n in enumerate(counts):

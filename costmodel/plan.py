@@ -195,6 +195,14 @@ def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
     return best
 
 
+def stage_layer_counts(n_layers: int, pp: int, vpp: int = 1) -> list[int]:
+    """Layers on each pipeline stage, first to last (pipeline_split spelled out; [n_layers] without pp)."""
+    if pp == 1:
+        return [n_layers]
+    first, mid, last = pipeline_split(n_layers, pp, vpp)
+    return [first, *[mid] * (pp - 2), last]
+
+
 def busiest_stage_layers(n_layers: int, plan: Plan) -> int:
     """Layers on the pipeline stage that holds the most (all of them without pp); n_layers / pp when even.
     Raises InputError when pipeline_split cannot split them."""
