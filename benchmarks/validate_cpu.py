@@ -55,6 +55,13 @@ NOTES = """
 #    reduce-scattered over ep with the layer (the ep all-reduce is gone) and moe-ep4-dp2 memory went from +2.9 %
 #    to -3.6 %. The validator routes with capacity factor 1, so MaxText's worst-case dropless buffers
 #    (costmodel.memory.routed_buffer_factor) are not in its prediction.
+#  - DeepSeek's layout (moe-shared-dense-ep4-dp2-selective, 2026-12-01): the validator runs a leading dense
+#    layer and shared experts (a dense MLP beside the routed ones; MLA still stands in as GQA). Two cost-model
+#    fixes came from it: a shared expert keeps no dispatched copy or pre-combine output (it had been counted with
+#    the routed rows: remat-none memory +13 % -> +10 % on deepseek-v3 ep4-dp2); and under a JAX remat policy that
+#    recomputes anything the ep all-to-alls are rerun (6 per MoE layer, not 4: the dispatched tokens are no named
+#    checkpoint), found as all-to-all -25 % / -29 % on selective ep2-fsdp2-tp2 plans (deepseek / mixtral), now
+#    exact. Its memory check: +7.8 % (the shared experts' intermediates counted in full).
 # Pipeline (pp2-dp4-full; planner.validate.pipeline follows MaxText's pipeline module):
 #  - the step is manual over pp and dp: each gradient is reduced over dp once per step (GSPMD had all-reduced each
 #    tick's partial sums: all-reduce -71 %); the tables sit on every stage, their gradients reduced over dp x pp;

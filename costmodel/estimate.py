@@ -380,7 +380,11 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         out.append(_coll("cp", "reduce-scatter", "key/value grads", n, kv_bytes, t, exposed / 3, links["cp"].level))
 
     # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward, and again when the
-    # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above).
+    # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above). Under a JAX remat
+    # policy (MaxText) that recomputes anything, the routed tokens are recomputed too: the dispatched and combined
+    # tokens are no named checkpoint, and the experts' weight gradients and the gate gradient need them (the
+    # validator's CPU compiles: 6 all-to-alls per MoE layer under selective remat, not 4); PyTorch frameworks rerun
+    # them only when the MLP itself is recomputed.
     if plan.ep > 1 and m.n_moe_layers:
         # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
         # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
@@ -389,7 +393,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / split
         t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
         moe_layers = m.n_moe_layers / layer_stages(m, plan) if kinds is None else kinds[1]
-        count = (4 + 2 * (plan.remat.mlp_in == "remat")) * moe_layers * layer_steps
+        rerun = plan.remat.count("remat") > 0 if job.framework == "maxtext" else plan.remat.mlp_in == "remat"
+        count = (4 + 2 * rerun) * moe_layers * layer_steps
         out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))
 
     # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.

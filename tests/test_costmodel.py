@@ -365,6 +365,11 @@ def test_expert_parallel_collectives_by_hand():
     a2a = by["ep", "all-to-all", "tokens"]
     assert a2a.count == 6 * 2
     assert a2a.bytes_each == pytest.approx(16 * 2 * 64 * 2)  # tokens x top-2 x d x bf16
+    # Selective remat (the MLP kept): a JAX policy still recomputes the routed tokens (no named checkpoint), so
+    # MaxText reruns dispatch and combine; Megatron keeps them (4 per MoE layer); nothing recomputed: 4 for both.
+    for remat, fw, n in (("selective", "maxtext", 6), ("selective", "megatron", 4), ("none", "maxtext", 4)):
+        sel = estimate(TINY_MOE, V5P, replace(job, framework=fw), replace(plan, remat=REMAT_POLICIES[remat]), 8)
+        assert {(x.axis, x.purpose): x.count for x in sel.collectives}["ep", "tokens"] == n * 2, (remat, fw)
 
 
 def test_tensor_parallel_collectives_by_hand():
@@ -432,6 +437,15 @@ def test_moe_layers_keep_routed_tokens_when_nothing_is_recomputed():
     # TINY_MOE (top-2 of 4 experts, expert width 32): norms 128, activations 2 x 32, and the dispatched tokens
     # plus the expert outputs, 2 x top-2 x 64.
     assert extra_saved_elems_per_token(TINY_MOE, Plan(), True) == 128 + 64 + 2 * 2 * 64
+
+
+def test_shared_experts_keep_no_routed_copies():
+    from costmodel.memory import extra_saved_elems_per_token
+
+    shared = replace(TINY_MOE, n_shared_experts=1)
+    # a shared expert adds its MLP activation (32 wide) but no dispatched copy or pre-combine output (it reads the
+    # norm output and is added ungated): norms 128, activations (2 + 1) x 32, routed copies 2 x top-2 x 64
+    assert extra_saved_elems_per_token(shared, Plan(), True) == 128 + 3 * 32 + 2 * 2 * 64
 
 
 def test_maxtext_dropless_expert_buffers_are_sized_for_the_worst_case():

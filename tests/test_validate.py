@@ -69,6 +69,13 @@ def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
     assert job.seq_len % 2 == 0 and small.n_heads // small.n_kv_heads == 2
     moe, _, _ = scale_down(load_model("mixtral-8x7b"), Plan(ep=4, dp=2))
     assert moe.n_experts % 4 == 0 and moe.experts_per_token == 2
+    # DeepSeek's layout: one leading dense layer and the shared expert kept (GQA stands in for MLA); under pp the
+    # stages stack alike layers, so the dense layer goes (noted)
+    ds, _, notes = scale_down(load_model("deepseek-v3-671b"), Plan(ep=4, dp=2))
+    assert (ds.n_dense_layers, ds.n_moe_layers, ds.n_shared_experts, ds.is_mla) == (1, 1, 1, False)
+    assert notes == ["multi-head latent attention replaced by GQA"]
+    ds, _, notes = scale_down(load_model("deepseek-v3-671b"), Plan(ep=2, pp=2))
+    assert (ds.n_dense_layers, ds.n_shared_experts) == (0, 1) and "leading dense layers dropped" in notes[0]
     small, job, _ = scale_down(load_model("llama3-8b"), Plan(pp=2, dp=2))
     assert small.n_layers == 2 and job.global_batch == 2 * 2  # micro-batches per step: pp of them by default
     with pytest.raises(InputError, match="--layers 4"):
@@ -130,19 +137,20 @@ def test_sharded_step_equals_one_device_step(has_jax):
     r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
                         "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective,"
                         "pp2-dp2-full-scanned,pp4-vpp2-dp2-selective,pp2-vpp2-dp2-full-scanned,"
-                        "moe-ep4-fsdp2-none-dropless"],
+                        "moe-ep4-fsdp2-none-dropless,moe-shared-dense-ep2-tp2-fsdp2-selective"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 7  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
+    assert len(rows) == 8  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
     # the same schedule as one lax.scan over the ticks; the fifth and sixth: MaxText's circular pipeline (vpp 2,
-    # the micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned; the last: MaxText's
+    # the micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned; the seventh: MaxText's
     # dropless MoE (ragged all-to-all over ep 4, grouped matmuls), which on one device also equals the
-    # capacity-routed step given room for every token
+    # capacity-routed step given room for every token; the last: DeepSeek's layout (a dense layer, then a MoE
+    # layer with a shared expert)
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row
-    dropless = rows[-1]
+    dropless = rows[-2]
     assert dropless["capacity_loss_diff"] < 1e-5 and dropless["capacity_grad_rel_err"] < 1e-4, dropless
 
 

@@ -26,7 +26,11 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     # MaxText's dropless MoE (ragged all-to-all over ep, grouped matmuls), as the TPU compile runs it
     ("moe-ep2-tp2-dp2-full-dropless", "mixtral-8x7b", Plan(ep=2, tp=2, dp=2, zero=1, remat=remat_policy("full"))),
     ("moe-ep4-fsdp2-none-dropless", "mixtral-8x7b", Plan(ep=4, fsdp=2, remat=remat_policy("none"))),
+    # DeepSeek's layout: a leading dense layer, then a MoE layer with a shared expert beside the routed ones
+    ("moe-shared-dense-ep2-tp2-fsdp2-selective", "deepseek-v3-671b",
+     Plan(ep=2, tp=2, fsdp=2, remat=remat_policy("selective"))),
 ]
+LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2}  # plans run with more than one layer (per stage)
 
 
 def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, layers: int = 1,
@@ -81,7 +85,8 @@ def main(argv: list[str]) -> None:
     for name, model, plan in PLANS:
         if only and name not in only:
             continue
-        print(json.dumps({"plan": name, **compare(model, plan, scan_pipeline=name.endswith("-scanned"),
+        print(json.dumps({"plan": name, **compare(model, plan, layers=LAYERS.get(name, 1),
+                                                        scan_pipeline=name.endswith("-scanned"),
                                                         dropless=name.endswith("-dropless"))}), flush=True)
 
 

@@ -3,7 +3,8 @@
 RMSNorm, causal GQA attention (planner.validate.flash: blockwise with a flash-style backward, so no s x s scores
 are kept, as the cost model assumes), gated (SiLU) or plain (GeLU) MLP, optional MoE with top-k routing, either
 with a per-sequence expert capacity (gather dispatch, so no dispatch matmuls; the CPU validator) or dropless as
-MaxText runs it (ragged all-to-all and grouped matmuls; the TPU compile, Setup.dropless), tied or untied embeddings,
+MaxText runs it (ragged all-to-all and grouped matmuls; the TPU compile, Setup.dropless), with shared experts (a
+dense MLP beside the routed ones) and leading dense layers (DeepSeek's layout), tied or untied embeddings,
 cross-entropy, and Adam written by hand. Parameters and Adam moments are fp32; the step casts the parameters to
 the compute dtype once (MaxText's weight_dtype=float32, dtype=bfloat16 convention; the CPU validator runs fp32).
 Layers are unrolled with a Python loop so that XLA's cost analysis counts each of them.
@@ -69,6 +70,11 @@ def make_mesh(plan: Plan, devices=None) -> Mesh:
     return Mesh(np.array(devs).reshape(sizes), axes)
 
 
+def layer_is_moe(m: ModelSpec, i: int) -> bool:
+    """Layer i of `m` routes to experts (a MoE model's first n_dense_layers are dense)."""
+    return m.is_moe and i >= m.n_dense_layers
+
+
 def single_device_plan(plan: Plan) -> Plan:
     return plan.with_(dp=1, fsdp=1, tp=1, cp=1, pp=1, ep=1, vpp=1, zero=0)
 
@@ -96,12 +102,15 @@ def param_specs(cfg: Setup, moments: bool = False) -> dict:
         "norm1": P(None), "norm2": P(None),
         "wqkv": P(W, "tp", None, None), "wo": P("tp", None, W),
     }
-    if m.is_moe:  # the experts are split over ep by expert, so ep does not shard their d_model too
-        We = tuple(a for a in W if a != "ep")
-        layer.update(router=P(W, None), wi=P("ep", We, None, "tp"), wo_mlp=P("ep", "tp", We))
-    else:
-        layer.update(wi=P(W, None, "tp"), wo_mlp=P("tp", W))
-    specs = {"embed": P("tp", W), "final_norm": P(None), "layers": [dict(layer) for _ in range(m.n_layers)]}
+    dense = dict(layer, wi=P(W, None, "tp"), wo_mlp=P("tp", W))
+    # the experts are split over ep by expert, so ep does not shard their d_model too; shared experts are a dense
+    # MLP beside them (column-split over tp, like a dense layer's)
+    We = tuple(a for a in W if a != "ep")
+    moe = dict(layer, router=P(W, None), wi=P("ep", We, None, "tp"), wo_mlp=P("ep", "tp", We))
+    if m.n_shared_experts:
+        moe.update(shared_wi=P(W, None, "tp"), shared_wo=P("tp", W))
+    layers = [dict(moe if layer_is_moe(m, i) else dense) for i in range(m.n_layers)]
+    specs = {"embed": P("tp", W), "final_norm": P(None), "layers": layers}
     if not m.tied_embeddings:
         specs["unembed"] = P(W, "tp")
     return specs
@@ -131,9 +140,12 @@ def init_params(cfg: Setup, seed: int = 0, shapes_only: bool = False) -> dict:
         n_in = 2 if m.gated_mlp else 1
         lay = {"norm1": ones(d), "norm2": ones(d), "wqkv": w((d, kv, h // kv + 2, hd), d),
                "wo": w((h, hd, d), h * hd)}
-        if m.is_moe:
+        if layer_is_moe(m, len(layers)):
             e, f = m.n_experts, m.moe_ffn_dim
             lay.update(router=w((d, e), d), wi=w((e, d, n_in, f), d), wo_mlp=w((e, f, d), f))
+            if m.n_shared_experts:  # the shared experts as one dense MLP n_shared times as wide
+                fs = m.n_shared_experts * f
+                lay.update(shared_wi=w((d, n_in, fs), d), shared_wo=w((fs, d), fs))
         else:
             f = m.ffn_dim
             lay.update(wi=w((d, n_in, f), d), wo_mlp=w((f, d), f))
@@ -194,13 +206,14 @@ def _act(m: ModelSpec):
     return jax.nn.silu if m.gated_mlp else jax.nn.gelu
 
 
-def dense_mlp(cfg: Setup, sh: Sharder, p: dict, x):
+def dense_mlp(cfg: Setup, sh: Sharder, p: dict, x, wi: str = "wi", wo: str = "wo_mlp"):
+    """The MLP of a dense layer (weights p[wi], p[wo]; a MoE layer's shared experts: shared_wi, shared_wo)."""
     m = cfg.model
-    hi = jnp.split(jnp.einsum("bsd,dcf->bscf", x, p["wi"]), p["wi"].shape[1], axis=2)  # 1 or 2 x [b, s, 1, f]
+    hi = jnp.split(jnp.einsum("bsd,dcf->bscf", x, p[wi]), p[wi].shape[1], axis=2)  # 1 or 2 x [b, s, 1, f]
     h = _act(m)(sh(checkpoint_name(hi[0][:, :, 0], "mlpwi_0"), BATCH, "cp", "tp"))
     if m.gated_mlp:
         h = h * sh(checkpoint_name(hi[1][:, :, 0], "mlpwi_1"), BATCH, "cp", "tp")
-    out = checkpoint_name(jnp.einsum("bsf,fd->bsd", h, p["wo_mlp"]), "mlpwo")
+    out = checkpoint_name(jnp.einsum("bsf,fd->bsd", h, p[wo]), "mlpwo")
     return sh.resid(out)
 
 
@@ -368,14 +381,23 @@ def saved_names(plan: Plan) -> list[str]:
     return [n for t in TENSORS if t != "layer_input" and ch[t] == "device" for n in TENSOR_MAXTEXT_NAMES[t]]
 
 
-def layer_fn(cfg: Setup, sh: Sharder):
+def layer_fn(cfg: Setup, sh: Sharder, moe: bool | None = None):
+    """One layer under the plan's remat policy; moe: a routed layer (default: the model's kind, for stacks of
+    alike layers), else dense."""
     m = cfg.model
+    moe = m.is_moe if moe is None else moe
+    routed = moe_dropless if cfg.dropless and m.capacity_factor == 0 else moe_mlp
+
+    def mlp(p, x):
+        if not moe:
+            return dense_mlp(cfg, sh, p, x)
+        y = routed(cfg, sh, p, x)
+        return y + dense_mlp(cfg, sh, p, x, "shared_wi", "shared_wo") if m.n_shared_experts else y
 
     def f(p, x):
         x = checkpoint_name(x, "decoder_layer_input")
         h = x + attention(cfg, sh, p, sh.unsplit(rmsnorm(x, p["norm1"])))
-        mlp = (moe_dropless if cfg.dropless and m.capacity_factor == 0 else moe_mlp) if m.is_moe else dense_mlp
-        return sh.resid(h + mlp(cfg, sh, p, sh.unsplit(rmsnorm(h, p["norm2"]))))
+        return sh.resid(h + mlp(p, sh.unsplit(rmsnorm(h, p["norm2"]))))
 
     plan = cfg.plan
     if plan.remat.count("remat") == 0:  # 'none': nothing recomputed, but the weights are re-gathered
@@ -407,9 +429,9 @@ def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
     cdt = cfg.cdt
     p = jax.tree.map(lambda a: a.astype(cdt), params)  # the compute copy of the weights
     x = embed(cfg, sh, p["embed"], tokens)
-    f = layer_fn(cfg, sh)
-    for lp in p["layers"]:  # unrolled: XLA's cost analysis counts a scanned body once
-        x = f(lp, x)
+    fs = {moe: layer_fn(cfg, sh, moe) for moe in {layer_is_moe(cfg.model, i) for i in range(len(p["layers"]))}}
+    for i, lp in enumerate(p["layers"]):  # unrolled: XLA's cost analysis counts a scanned body once
+        x = fs[layer_is_moe(cfg.model, i)](lp, x)
     return head_loss(cfg, sh, p, x, targets)
 
 

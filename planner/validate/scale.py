@@ -2,8 +2,8 @@
 
 The scaled model keeps what the plan's shardings depend on: the attention kind (MHA / GQA / MQA-like, with the
 KV heads divisible by tp), gated or plain MLP, tied or untied embeddings, MoE with top-k routing (experts
-divisible by ep). It drops what the validator's JAX model does not implement: multi-head latent attention
-(plain GQA is used), sliding windows, shared experts and leading dense layers (noted in `notes`).
+divisible by ep, shared experts, one leading dense layer). It drops what the validator's JAX model does not
+implement: multi-head latent attention (plain GQA is used) and sliding windows (noted in `notes`).
 """
 
 from __future__ import annotations
@@ -106,10 +106,13 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         # capacity factor 1: the CPU validator routes with a per-sequence expert capacity (planner.validate.model
         # .capacity), not MaxText's dropless ragged buffers (costmodel.memory.routed_buffer_factor), which the TPU
         # compile runs (planner.validate.model.moe_dropless; XLA:CPU lacks the ragged all-to-all)
-        moe = dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, tp), n_dense_layers=0,
-                   n_shared_experts=0, capacity_factor=1.0)
-        if m.n_shared_experts or m.n_dense_layers:
-            notes.append("shared experts and leading dense layers dropped")
+        # Shared experts kept (at most 2); one leading dense layer kept when the model has some (the rest of the
+        # scaled layers MoE), except under pp, whose stages stack alike layers (planner.validate.pipeline).
+        dense = min(m.n_dense_layers, 1, s.n_layers - 1) if plan.pp == 1 else 0
+        moe = dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, tp), n_dense_layers=dense,
+                   n_shared_experts=min(m.n_shared_experts, 2), capacity_factor=1.0)
+        if m.n_dense_layers and not dense:
+            notes.append("leading dense layers dropped (pipeline stages run alike layers)")
     elif ep > 1:
         raise InputError(f"ep={ep}: expert parallelism needs a MoE model; {m.name} is dense (use --ep 1)")
     if m.is_mla:
