@@ -21,6 +21,7 @@ from costmodel.flops import (
     logits_op,
     loss_vector_flops,
     model_flops_per_token,
+    tp_replicated_flops_per_token,
 )
 from costmodel.job import Job
 from costmodel.memory import (
@@ -472,7 +473,11 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     chips_n = plan.chips
     peak = chip.peak_flops(job.precision)
     model_flops = model_flops_per_token(m, job.seq_len) * job.tokens
-    hw_flops = model_flops + accum * st.recompute_flops * st.stages * plan.tp * plan.cp * plan.batch_shards
+    # Hardware FLOPs: the model's, the recomputed ops on every chip, and the work each tp rank repeats (forward and
+    # backward, 3x): MLA's down-projections, MoE routers.
+    repeated = 3 * (plan.tp - 1) * job.tokens * (m.n_dense_mlp_layers * tp_replicated_flops_per_token(m, False)
+                                                 + m.n_moe_layers * tp_replicated_flops_per_token(m, True))
+    hw_flops = model_flops + repeated + accum * st.recompute_flops * st.stages * plan.tp * plan.cp * plan.batch_shards
     vec_flops = vector_flops_per_chip(m, job, plan, mem, accum) * chips_n
     usable = chip.usable_hbm_bytes
     return Cost(

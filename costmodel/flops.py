@@ -38,9 +38,13 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
         kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) \
             + m.kv_lora_rank * m.n_heads * (m.head_dim - m.qk_rope_head_dim + m.v_head_dim)
         qkv_params, qk_width, v_width = q + kv, m.n_heads * m.head_dim, m.n_heads * m.v_head_dim
+        # the down-projections are not split over tp (ModelSpec.attn_tp_replicated_params): every rank runs them
+        down = d * m.q_lora_rank * (m.q_lora_rank > 0) + d * (m.kv_lora_rank + m.qk_rope_head_dim)
+        qkv_per_rank = (qkv_params - down) / tp + down
     else:
         qkv_params, qk_width, v_width = d * (m.q_dim + 2 * m.kv_dim), m.q_dim, m.q_dim
-    out.append(Op("qkv_proj", 2 * tokens * qkv_params / tp, min(d, (m.q_dim + 2 * m.kv_dim) / tp, tokens),
+        qkv_per_rank = qkv_params / tp
+    out.append(Op("qkv_proj", 2 * tokens * qkv_per_rank, min(d, (m.q_dim + 2 * m.kv_dim) / tp, tokens),
                   "qkv_proj"))
     # Scores Q K^T (2*width per query-key pair) and context P V (2*v_width per pair); causal masking (and any
     # sliding window) sets the pairs per query: s/2 for full causal attention (ModelSpec.mean_attended_keys).
@@ -57,6 +61,13 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
     out.append(Op("mlp_in", 2 * tokens * width * d * n_in * ffn / tp, min(d, ffn / tp, tokens), "mlp_in"))
     out.append(Op("mlp_out", 2 * tokens * width * ffn * d / tp, min(d, ffn / tp, tokens), "mlp_out"))
     return out
+
+
+def tp_replicated_flops_per_token(m: ModelSpec, moe: bool) -> float:
+    """Forward FLOPs per token of one layer that every tensor-parallel rank repeats (layer_ops counts them unsplit):
+    MLA's down-projections (ModelSpec.attn_tp_replicated_params) and a MoE layer's router."""
+    down = 2 * m.d_model * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 0
+    return down + (2 * m.d_model * m.n_experts if moe else 0)
 
 
 def logits_op(m: ModelSpec, tokens: float, tp: int) -> Op:

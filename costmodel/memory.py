@@ -68,7 +68,8 @@ def tensor_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: float = 
     sp = plan.tp if plan.sequence_parallel else 1
     return {
         "layer_input": m.d_model / sp,
-        "qkv_proj": (m.q_dim + 2 * m.kv_dim) / plan.tp,
+        # query, key and value heads (MLA: values v_head_dim wide, MaxText's query_proj / key_proj / value_proj)
+        "qkv_proj": (m.q_dim + m.kv_dim + m.n_kv_heads * (m.v_head_dim if m.is_mla else m.head_dim)) / plan.tp,
         "context": m.attn_out_dim / plan.tp,
         "out_proj": m.d_model / sp,
         "mlp_in": (2 if m.gated_mlp else 1) * mlp_act_elems(m, plan, moe, buffer),
@@ -85,7 +86,7 @@ def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: flo
     Counting them had over-predicted the validator's DeepSeek-layout CPU compiles with remat none by 13 %."""
     sp = plan.tp if plan.sequence_parallel else 1
     routed = 2 * m.experts_per_token * (m.effective_capacity_factor + buffer - 1) * m.d_model if moe else 0.0
-    return 2 * m.d_model / sp + mlp_act_elems(m, plan, moe, buffer) + routed
+    return 2 * m.d_model / sp + mlp_act_elems(m, plan, moe, buffer) + routed + m.mla_latent_elems()
 
 
 def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer_input: bool, tp: int) -> float:
@@ -280,12 +281,13 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron")
     kinds = busiest_kinds(m, plan)
     layers, dense, moe = ((m.n_layers, m.n_dense_mlp_layers, m.n_moe_layers) if kinds is None
                           else (kinds[0] + kinds[1], *kinds))  # the whole model, or the busiest stage's layers
-    non_expert = layers * (m.attn_params() + m.layer_norm_params()) + dense * m.dense_mlp_params()
+    rep = m.attn_tp_replicated_params()  # MLA's down-projections: not split over tp
+    non_expert = layers * (m.attn_params() - rep + m.layer_norm_params()) + dense * m.dense_mlp_params()
     expert = 0.0
     if m.is_moe:
         non_expert += moe * m.d_model * m.n_experts  # routers, replicated over ep
         expert = moe * (m.n_experts / ep + m.n_shared_experts) * m.expert_params()
-    body = (non_expert + expert) / ((pp if kinds is None else 1) * tp)
+    body = (non_expert + expert + layers * rep * tp) / ((pp if kinds is None else 1) * tp)
     # Embedding (vocab-sharded by tp): both tables on one stage without pipelining; with it, one per end stage
     # (Megatron), or both on every stage (MaxText embeds and computes the logits outside its pipeline module;
     # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).

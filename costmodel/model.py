@@ -160,6 +160,29 @@ class ModelSpec:
             + self.kv_lora_rank * h * (qk_head - self.qk_rope_head_dim + self.v_head_dim)
         return q + kv + h * self.v_head_dim * d
 
+    def attn_tp_replicated_params(self) -> int:
+        """Attention weights of one layer that tensor parallelism does not split: MLA's down-projections and their
+        norms. MaxText shards wq_a / wkv_a by d_model only (their `q_lora_up_proj` / `kv_lora_up_proj` axes map to
+        no mesh axis, layers/attention_mla.py); Megatron-Core builds linear_q_down_proj / linear_kv_down_proj
+        duplicated over the tensor-parallel group."""
+        if not self.is_mla:
+            return 0
+        q = self.d_model * self.q_lora_rank + self.q_lora_rank if self.q_lora_rank else 0
+        return q + self.d_model * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+
+    def attn_params_per_tp_rank(self, tp: int) -> float:
+        """One layer's attention weights on one of `tp` tensor-parallel ranks (heads split, MLA down-projections
+        replicated)."""
+        rep = self.attn_tp_replicated_params()
+        return (self.attn_params() - rep) / tp + rep
+
+    def mla_latent_elems(self) -> int:
+        """Per token, the MLA latents a layer keeps when nothing is recomputed (not split over tp): the query and
+        key/value down-projections' outputs (with the shared rope key) and their normalised copies."""
+        if not self.is_mla:
+            return 0
+        return 2 * self.q_lora_rank + 2 * self.kv_lora_rank + self.qk_rope_head_dim
+
     def dense_mlp_params(self) -> int:
         return self.mlp_matrices * self.d_model * self.ffn_dim
 

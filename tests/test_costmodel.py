@@ -439,6 +439,32 @@ def test_moe_layers_keep_routed_tokens_when_nothing_is_recomputed():
     assert extra_saved_elems_per_token(TINY_MOE, Plan(), True) == 128 + 64 + 2 * 2 * 64
 
 
+def test_mla_down_projections_are_not_split_over_tp():
+    """A small MLA model (d 64, 4 heads of 24 = 16 nope + 8 rope, values 16, latents 16 (q) and 8 (kv)) on tp 2:
+    FLOPs, weights and the saved query/key/value by hand."""
+    from costmodel.flops import tp_replicated_flops_per_token
+    from costmodel.memory import param_counts_per_chip
+
+    mla = replace(TINY, n_kv_heads=4, head_dim=24, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=8,
+                  v_head_dim=16)
+    down = 64 * 16 + 64 * (8 + 8)  # wq_a, wkv_a
+    up = 16 * 4 * 24 + 8 * 4 * (16 + 16)  # wq_b, wkv_b
+    qkv = {o.name: o.flops for o in layer_ops(mla, 10, 32, 2, 1, False)}["qkv_proj"]
+    assert qkv == 2 * 10 * (down + up / 2)  # 10 tokens: the down-projections on every tp rank
+    assert tp_replicated_flops_per_token(mla, False) == 2 * down
+    # weights per chip: the replicated down-projections and their norms (16 + 8) whole, the rest halved
+    body, layer, _ = param_counts_per_chip(mla, Plan(tp=2))
+    rest = mla.attn_params() - (down + 16 + 8) + 2 * 64 + 3 * 64 * 128  # + layer norms, MLP
+    assert layer == pytest.approx(rest / 2 + down + 16 + 8)
+    # query_proj and key_proj 4 x 24, value_proj 4 x 16, split over tp 2
+    assert tensor_elems_per_token(mla, Plan(tp=2), False)["qkv_proj"] == (96 + 96 + 64) / 2
+    # hardware FLOPs: each of the other tp rank repeats the down-projections, forward and backward (3x), per token
+    job = Job(seq_len=32, global_batch=4)
+    c1 = estimate(mla, V5P, job, Plan(dp=2, remat=REMAT_POLICIES["none"]), 2)
+    c2 = estimate(mla, V5P, job, Plan(tp=2, remat=REMAT_POLICIES["none"]), 2)
+    assert c2.hardware_flops_per_step - c1.hardware_flops_per_step == pytest.approx(3 * 1 * 4 * 32 * 2 * 2 * down)
+
+
 def test_shared_experts_keep_no_routed_copies():
     from costmodel.memory import extra_saved_elems_per_token
 

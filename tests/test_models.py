@@ -168,6 +168,15 @@ def test_mla_attention_by_tensor_shapes() -> None:
                      n_shared_experts=2, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128)
     assert lite.attn_params() == 16 * 192 * 2048 + 576 * 2048 + 512 + 16 * 256 * 512 + 2048 * 16 * 128
     assert round(lite.total_params() / B, 1) == 15.7  # DeepSeek-V2 paper: 15.7B total
+    # Tensor parallelism splits the up-projections and o_proj by head; the down-projections and their norms are
+    # replicated (MaxText's q_lora_up_proj / kv_lora_up_proj axes, Megatron-Core's duplicated down-projections).
+    replicated = 1536 * 7168 + 1536 + 576 * 7168 + 512
+    assert m.attn_tp_replicated_params() == replicated
+    assert m.attn_params_per_tp_rank(8) == (m.attn_params() - replicated) / 8 + replicated
+    assert lite.attn_tp_replicated_params() == 576 * 2048 + 512
+    assert load_model("llama3-8b").attn_tp_replicated_params() == 0
+    # kept when nothing is recomputed: both latents, their normalised copies, the shared rope key
+    assert m.mla_latent_elems() == 2 * 1536 + 2 * 512 + 64
 
 
 # ---- presets and YAML files -------------------------------------------------------------------------------

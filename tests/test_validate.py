@@ -63,17 +63,28 @@ def test_hlo_collective_parsing():
     assert got == [("all-to-all", 64 * 32 * 2, 4, "ep")] * 2
 
 
+def test_flash_attention_flops_by_hand():
+    from planner.validate.flash import attention_flops
+
+    # seq 64 in blocks of 32: the causal block pairs (0, 0), (1, 0), (1, 1); 2 heads, queries and keys 24 wide,
+    # values 16 (MLA): QK^T 2 x 2 x 32 x 32 x 24 per pair, PV the same with 16
+    qk, pv = 2 * 2 * 32 * 32 * 24, 2 * 2 * 32 * 32 * 16
+    assert attention_flops(1, 1, 64, 64, 2, 24, 32, dv=16) == (3 * (qk + pv), 3 * (3 * qk + 2 * pv))
+    assert attention_flops(1, 1, 64, 64, 2, 24, 32) == (3 * 2 * qk, 3 * 5 * qk)  # values as wide as keys
+
+
 def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
     small, job, _ = scale_down(load_model("llama3-8b"), Plan(tp=4, cp=2))
     assert small.n_heads % 4 == 0 and small.n_kv_heads % 4 == 0 and small.vocab_size % 4 == 0
     assert job.seq_len % 2 == 0 and small.n_heads // small.n_kv_heads == 2
     moe, _, _ = scale_down(load_model("mixtral-8x7b"), Plan(ep=4, dp=2))
     assert moe.n_experts % 4 == 0 and moe.experts_per_token == 2
-    # DeepSeek's layout: one leading dense layer and the shared expert kept (GQA stands in for MLA); under pp the
-    # stages stack alike layers, so the dense layer goes (noted)
+    # DeepSeek's layout: one leading dense layer, the shared expert and MLA kept (latents d/4 and d/8, qk heads
+    # of 16 + 8 rope, values 16); under pp the stages stack alike layers, so the dense layer goes (noted)
     ds, _, notes = scale_down(load_model("deepseek-v3-671b"), Plan(ep=4, dp=2))
-    assert (ds.n_dense_layers, ds.n_moe_layers, ds.n_shared_experts, ds.is_mla) == (1, 1, 1, False)
-    assert notes == ["multi-head latent attention replaced by GQA"]
+    assert (ds.n_dense_layers, ds.n_moe_layers, ds.n_shared_experts, ds.is_mla) == (1, 1, 1, True)
+    assert (ds.q_lora_rank, ds.kv_lora_rank, ds.head_dim, ds.qk_rope_head_dim, ds.v_head_dim) == (32, 16, 24, 8, 16)
+    assert notes == []
     ds, _, notes = scale_down(load_model("deepseek-v3-671b"), Plan(ep=2, pp=2))
     assert (ds.n_dense_layers, ds.n_shared_experts) == (0, 1) and "leading dense layers dropped" in notes[0]
     small, job, _ = scale_down(load_model("llama3-8b"), Plan(pp=2, dp=2))

@@ -112,7 +112,7 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
     r_model = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
     r_flash = 1 if plan.remat.count("remat") else 0
     fwd, bwd = attention_flops(plan.micro_batch, plan.cp, job.seq_len // plan.cp, job.seq_len,
-                               m.n_heads // plan.tp, m.head_dim, block)
+                               m.n_heads // plan.tp, m.head_dim, block, m.v_head_dim if m.is_mla else 0)
     fwd, bwd = fwd / plan.cp, bwd / plan.cp  # the cp rows are split over the chips
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-batches per step
     return m.n_layers * ((1 + r_flash) * fwd + bwd - (3 + r_model) * a) * accum / plan.pp

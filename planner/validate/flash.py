@@ -46,13 +46,16 @@ def _pairs(rows: int, sq: int, s: int, bq: int, bk: int) -> list[tuple[int, int]
     return out
 
 
-def attention_flops(b: int, rows: int, sq: int, s: int, heads: int, hd: int, target: int = 512) -> tuple[float, float]:
-    """(forward, backward) matmul FLOPs of `causal_attention` for these shapes (heads = query heads)."""
+def attention_flops(b: int, rows: int, sq: int, s: int, heads: int, hd: int, target: int = 512,
+                    dv: int = 0) -> tuple[float, float]:
+    """(forward, backward) matmul FLOPs of `causal_attention` for these shapes (heads = query heads; hd the query
+    and key width, dv the value width, default hd)."""
     bq = block_size(sq, target)
     bk = block_size(s, target)
     n = len(_pairs(rows, sq, s, bq, bk))
-    per_pair = 2.0 * b * rows * heads * bq * bk * hd  # one [bq, hd] x [hd, bk] product
-    return 2 * n * per_pair, 5 * n * per_pair  # fwd: QK^T, PV; bwd: QK^T again, dV, dP, dQ, dK
+    qk = 2.0 * b * rows * heads * bq * bk * hd  # one [bq, hd] x [hd, bk] product
+    pv = qk * (dv or hd) / hd  # one [bq, bk] x [bk, dv] product
+    return n * (qk + pv), n * (3 * qk + 2 * pv)  # fwd: QK^T, PV; bwd: QK^T again, dQ, dK; dV, dP
 
 
 def _mask(rows: int, sq: int, i: int, j: int, bq: int, bk: int):
@@ -79,7 +82,7 @@ def _scores(qi, kj, scale):
 
 def _fwd(q, k, v, target):
     b, rows, sq, kv, g, d = q.shape
-    s = k.shape[1]
+    s, dv = k.shape[1], v.shape[-1]
     bq, bk = block_size(sq, target), block_size(s, target)
     scale = 1.0 / math.sqrt(d)
     pairs = _pairs(rows, sq, s, bq, bk)
@@ -89,7 +92,7 @@ def _fwd(q, k, v, target):
         qi = _after(q[:, :, i * bq:(i + 1) * bq], prev)
         m = jnp.full((b, rows, kv, g, bq), NEG, jnp.float32)
         lsum = jnp.zeros((b, rows, kv, g, bq), jnp.float32)
-        acc = jnp.zeros((b, rows, kv, g, bq, d), jnp.float32)
+        acc = jnp.zeros((b, rows, kv, g, bq, dv), jnp.float32)
         for _, j in (p for p in pairs if p[0] == i):
             sc = _scores(qi, k[:, j * bk:(j + 1) * bk], scale)
             mask = _mask(rows, sq, i, j, bq, bk)
@@ -106,14 +109,15 @@ def _fwd(q, k, v, target):
         outs.append((acc / lsum[..., None]).astype(q.dtype))
         prev = outs[-1]
         lses.append(m + jnp.log(lsum))
-    out = jnp.concatenate(outs, axis=-2) if len(outs) > 1 else outs[0]  # [b, R, kv, g, sq, d]
+    out = jnp.concatenate(outs, axis=-2) if len(outs) > 1 else outs[0]  # [b, R, kv, g, sq, dv]
     lse = jnp.concatenate(lses, axis=-1) if len(lses) > 1 else lses[0]  # [b, R, kv, g, sq]
     return jnp.transpose(out, (0, 1, 4, 2, 3, 5)), lse
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
 def causal_attention(q, k, v, target: int = 512):
-    """q [b, R, sq, kv_heads, groups, d], k and v [b, s, kv_heads, d] -> [b, R, sq, kv_heads, groups, d]."""
+    """q [b, R, sq, kv_heads, groups, d], k [b, s, kv_heads, d], v [b, s, kv_heads, dv]
+    -> [b, R, sq, kv_heads, groups, dv] (dv = d but for MLA)."""
     return _fwd(q, k, v, target)[0]
 
 
@@ -125,7 +129,7 @@ def _vjp_fwd(q, k, v, target):
 def _vjp_bwd(target, res, dout):
     q, k, v, out, lse = res
     b, rows, sq, kv, g, d = q.shape
-    s = k.shape[1]
+    s, dvw = k.shape[1], v.shape[-1]
     bq, bk = block_size(sq, target), block_size(s, target)
     scale = 1.0 / math.sqrt(d)
     # D = rowsum(dO * O), [b, R, kv, g, sq]
@@ -133,7 +137,7 @@ def _vjp_bwd(target, res, dout):
     prev = None
     dq = [jnp.zeros((b, rows, bq, kv, g, d), jnp.float32) for _ in range(sq // bq)]
     dk = [jnp.zeros((b, bk, kv, d), jnp.float32) for _ in range(s // bk)]
-    dv = [jnp.zeros((b, bk, kv, d), jnp.float32) for _ in range(s // bk)]
+    dv = [jnp.zeros((b, bk, kv, dvw), jnp.float32) for _ in range(s // bk)]
     for i, j in _pairs(rows, sq, s, bq, bk):
         qs, ks = slice(i * bq, (i + 1) * bq), slice(j * bk, (j + 1) * bk)
         # one block pair at a time: its inputs wait for the previous pair's results

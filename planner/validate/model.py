@@ -1,12 +1,13 @@
 """A decoder-only transformer in plain JAX that follows a Plan's shardings and remat choices.
 
-RMSNorm, causal GQA attention (planner.validate.flash: blockwise with a flash-style backward, so no s x s scores
-are kept, as the cost model assumes), gated (SiLU) or plain (GeLU) MLP, optional MoE with top-k routing, either
-with a per-sequence expert capacity (gather dispatch, so no dispatch matmuls; the CPU validator) or dropless as
-MaxText runs it (ragged all-to-all and grouped matmuls; the TPU compile, Setup.dropless), with shared experts (a
-dense MLP beside the routed ones) and leading dense layers (DeepSeek's layout), tied or untied embeddings,
-cross-entropy, and Adam written by hand. Parameters and Adam moments are fp32; the step casts the parameters to
-the compute dtype once (MaxText's weight_dtype=float32, dtype=bfloat16 convention; the CPU validator runs fp32).
+RMSNorm, causal GQA or multi-head latent attention (MLA, DeepSeek's) computed blockwise (planner.validate.flash:
+a flash-style backward, so no s x s scores are kept, as the cost model assumes), gated (SiLU) or plain (GeLU)
+MLP, optional MoE with top-k routing, either with a per-sequence expert capacity (gather dispatch, so no dispatch
+matmuls; the CPU validator) or dropless as MaxText runs it (ragged all-to-all and grouped matmuls; the TPU compile,
+Setup.dropless), with shared experts (a dense MLP beside the routed ones) and leading dense layers (DeepSeek's
+layout), tied or untied embeddings, cross-entropy, and Adam written by hand. Parameters and Adam moments are fp32;
+the step casts the parameters to the compute dtype once (MaxText's weight_dtype=float32, dtype=bfloat16
+convention; the CPU validator runs fp32).
 Layers are unrolled with a Python loop so that XLA's cost analysis counts each of them.
 
 Every layer runs under jax.checkpoint, also with remat 'none' (then with everything saveable): without it XLA
@@ -98,10 +99,13 @@ def _w_axes(cfg: Setup, moments: bool = False) -> tuple[str, ...]:
 
 def param_specs(cfg: Setup, moments: bool = False) -> dict:
     m, W = cfg.model, _w_axes(cfg, moments)
-    layer = {
-        "norm1": P(None), "norm2": P(None),
-        "wqkv": P(W, "tp", None, None), "wo": P("tp", None, W),
-    }
+    layer = {"norm1": P(None), "norm2": P(None), "wo": P("tp", None, W)}
+    if m.is_mla:  # MaxText's kernel axes: down-projections by d_model only, up-projections' latent like d_model
+        layer.update(wkv_a=P(W, None), kv_norm=P(None), wkv_b=P(W, "tp", None))
+        layer.update(dict(wq_a=P(W, None), q_norm=P(None), wq_b=P(W, "tp", None)) if m.q_lora_rank
+                     else dict(wq=P(W, "tp", None)))
+    else:
+        layer["wqkv"] = P(W, "tp", None, None)
     dense = dict(layer, wi=P(W, None, "tp"), wo_mlp=P("tp", W))
     # the experts are split over ep by expert, so ep does not shard their d_model too; shared experts are a dense
     # MLP beside them (column-split over tp, like a dense layer's)
@@ -138,8 +142,15 @@ def init_params(cfg: Setup, seed: int = 0, shapes_only: bool = False) -> dict:
         # side by side ([d, 2, f]). One matmul each, so the backward pass sums their input gradients before
         # the tp all-reduce (XLA:CPU reduces separate q/k/v or wi_0/wi_1 partial sums one by one).
         n_in = 2 if m.gated_mlp else 1
-        lay = {"norm1": ones(d), "norm2": ones(d), "wqkv": w((d, kv, h // kv + 2, hd), d),
-               "wo": w((h, hd, d), h * hd)}
+        lay = {"norm1": ones(d), "norm2": ones(d)}
+        if m.is_mla:  # DeepSeek's multi-head latent attention (MaxText's wq_a/wq_b, wkv_a/wkv_b, out)
+            rq, rkv, vd = m.q_lora_rank, m.kv_lora_rank, m.v_head_dim
+            lay.update(wkv_a=w((d, rkv + m.qk_rope_head_dim), d), kv_norm=ones(rkv),
+                       wkv_b=w((rkv, h, hd - m.qk_rope_head_dim + vd), rkv), wo=w((h, vd, d), h * vd))
+            lay.update(dict(wq_a=w((d, rq), d), q_norm=ones(rq), wq_b=w((rq, h, hd), rq)) if rq
+                       else dict(wq=w((d, h, hd), d)))
+        else:
+            lay.update(wqkv=w((d, kv, h // kv + 2, hd), d), wo=w((h, hd, d), h * hd))
         if layer_is_moe(m, len(layers)):
             e, f = m.n_experts, m.moe_ffn_dim
             lay.update(router=w((d, e), d), wi=w((e, d, n_in, f), d), wo_mlp=w((e, f, d), f))
@@ -198,6 +209,29 @@ def attention(cfg: Setup, sh: Sharder, p: dict, x):
     b, s, hd, h = qg.shape[0], qg.shape[1], qg.shape[-1], m.n_heads
     r = cfg.plan.cp  # query rows: dimension 1 sharded over cp
     ctx = causal_attention(qg.reshape(b, r, s // r, *qg.shape[2:]), k, v, cfg.flash_block).reshape(b, s, h, hd)
+    ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
+    return sh.resid(checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj"))
+
+
+def mla_attention(cfg: Setup, sh: Sharder, p: dict, x):
+    """Multi-head latent attention as MaxText's MLA layer runs it (no RoPE, as everywhere here): the query and the
+    keys/values come from low-rank latents (normalised), the rope part of the key is one head shared by all; the
+    down-projections run on every tp rank, the up-projections are split over tp by head."""
+    m = cfg.model
+    nope, vd = m.head_dim - m.qk_rope_head_dim, m.v_head_dim
+    if m.q_lora_rank:
+        q = jnp.einsum("bsr,rhk->bshk", rmsnorm(jnp.einsum("bsd,dr->bsr", x, p["wq_a"]), p["q_norm"]), p["wq_b"])
+    else:
+        q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
+    latent, k_pe = jnp.split(jnp.einsum("bsd,dr->bsr", x, p["wkv_a"]), [m.kv_lora_rank], axis=-1)
+    k_nope, v = jnp.split(jnp.einsum("bsr,rhk->bshk", rmsnorm(latent, p["kv_norm"]), p["wkv_b"]), [nope], axis=-1)
+    k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe[:, :, None, :], (*k_nope.shape[:3], k_pe.shape[-1]))], -1)
+    q = sh(checkpoint_name(q, "query_proj"), BATCH, "cp", "tp", None)
+    k = sh(checkpoint_name(k, "key_proj"), BATCH, "cp", "tp", None)
+    v = sh(checkpoint_name(v, "value_proj"), BATCH, "cp", "tp", None)
+    k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)  # all keys and values (cp)
+    b, s, h, r = q.shape[0], q.shape[1], q.shape[2], cfg.plan.cp
+    ctx = causal_attention(q.reshape(b, r, s // r, h, 1, q.shape[-1]), k, v, cfg.flash_block).reshape(b, s, h, vd)
     ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
     return sh.resid(checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj"))
 
@@ -396,7 +430,7 @@ def layer_fn(cfg: Setup, sh: Sharder, moe: bool | None = None):
 
     def f(p, x):
         x = checkpoint_name(x, "decoder_layer_input")
-        h = x + attention(cfg, sh, p, sh.unsplit(rmsnorm(x, p["norm1"])))
+        h = x + (mla_attention if m.is_mla else attention)(cfg, sh, p, sh.unsplit(rmsnorm(x, p["norm1"])))
         return sh.resid(h + mlp(p, sh.unsplit(rmsnorm(h, p["norm2"]))))
 
     plan = cfg.plan

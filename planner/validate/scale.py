@@ -2,8 +2,8 @@
 
 The scaled model keeps what the plan's shardings depend on: the attention kind (MHA / GQA / MQA-like, with the
 KV heads divisible by tp), gated or plain MLP, tied or untied embeddings, MoE with top-k routing (experts
-divisible by ep, shared experts, one leading dense layer). It drops what the validator's JAX model does not
-implement: multi-head latent attention (plain GQA is used) and sliding windows (noted in `notes`).
+divisible by ep, shared experts, one leading dense layer), multi-head latent attention (latents of d/4 and d/8).
+It drops what the validator's JAX model does not implement: sliding windows (noted in `notes`).
 """
 
 from __future__ import annotations
@@ -115,8 +115,12 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
             notes.append("leading dense layers dropped (pipeline stages run alike layers)")
     elif ep > 1:
         raise InputError(f"ep={ep}: expert parallelism needs a MoE model; {m.name} is dense (use --ep 1)")
-    if m.is_mla:
-        notes.append("multi-head latent attention replaced by GQA")
+    mla: dict = dict(q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0)
+    if m.is_mla:  # DeepSeek-V3's proportions: qk heads 2/3 nope + 1/3 rope, values as wide as the nope part,
+        # latents d/4 (queries, when the model has one) and d/8 (keys/values)
+        rope = max(2, head_dim // 2)
+        head_dim, mla = head_dim + rope, dict(q_lora_rank=d_model // 4 if m.q_lora_rank else 0,
+                                              kv_lora_rank=d_model // 8, qk_rope_head_dim=rope, v_head_dim=head_dim)
     if m.sliding_window:
         notes.append("sliding-window attention replaced by full causal attention")
     if plan.cp > 1 and m.is_moe:
@@ -124,8 +128,7 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
                          "use --cp 1 for MoE models")
     small = replace(
         m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
-        head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, sliding_window=0, local_per_global=0,
-        q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0, **moe)
+        head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, sliding_window=0, local_per_global=0, **mla, **moe)
     if s.micro_steps > 1 and plan.pp == 1:
         raise InputError(f"--grad-accum: {s.micro_steps} micro-batches; the validator accumulates gradients over "
                          "micro-batches only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
