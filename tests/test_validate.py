@@ -73,6 +73,41 @@ def test_flash_attention_flops_by_hand():
     assert attention_flops(1, 1, 64, 64, 2, 24, 32) == (3 * 2 * qk, 3 * 5 * qk)  # values as wide as keys
 
 
+FLASH_CHECK = """
+import jax, jax.numpy as jnp, numpy as np
+from planner.validate.flash import causal_attention
+r = np.random.default_rng(0)
+q, k, v, w = (jnp.asarray(r.standard_normal(s), jnp.float32) for s in ((1, 1, 64, 2, 1, 24), (1, 64, 2, 24),
+                                                                        (1, 64, 2, 16), (1, 1, 64, 2, 1, 16)))
+pos = jnp.arange(64)
+for window in (0, 20):
+    def ref(q, k, v):
+        sc = jnp.einsum("brqkgd,btkd->brkgqt", q, k) / jnp.sqrt(24.0)
+        keep = (pos[None, :] <= pos[:, None]) & ((pos[None, :] > pos[:, None] - window) if window else True)
+        p = jax.nn.softmax(jnp.where(keep, sc, -jnp.inf), axis=-1)
+        return jnp.einsum("brkgqt,btkd->brqkgd", p, v)
+    def flash(q, k, v):
+        return causal_attention(q, k, v, 16, window)
+    for f in (ref, flash):
+        out = f(q, k, v)
+        grads = jax.grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(q, k, v)
+        if f is ref:
+            want = (out, grads)
+    assert np.allclose(out, want[0], atol=1e-5), window
+    assert all(np.allclose(g, h, atol=1e-4) for g, h in zip(grads, want[1])), window
+print("ok")
+"""
+
+
+def test_flash_attention_equals_softmax_attention_with_window_and_narrow_values(has_jax):
+    # the blockwise attention and its custom backward against plain masked softmax attention: causal and a
+    # sliding window of 20 (blocks of 16, so edge blocks are partly masked and old ones skipped), values
+    # narrower than the keys (MLA)
+    r = subprocess.run([sys.executable, "-c", FLASH_CHECK], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
     small, job, _ = scale_down(load_model("llama3-8b"), Plan(tp=4, cp=2))
     assert small.n_heads % 4 == 0 and small.n_kv_heads % 4 == 0 and small.vocab_size % 4 == 0
@@ -87,6 +122,15 @@ def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
     assert notes == []
     ds, _, notes = scale_down(load_model("deepseek-v3-671b"), Plan(ep=2, pp=2))
     assert (ds.n_dense_layers, ds.n_shared_experts) == (0, 1) and "leading dense layers dropped" in notes[0]
+    # a sliding window: a quarter of the scaled sequence; Gemma 3's 5:1 pattern keeps one global layer of two,
+    # and under pp every layer is local (noted)
+    from dataclasses import replace
+
+    swa = replace(load_model("llama3-8b"), sliding_window=1024, local_per_global=5)
+    small, _, notes = scale_down(swa, Plan(dp=8))
+    assert (small.sliding_window, small.local_per_global, notes) == (32, 1, [])
+    small, _, notes = scale_down(swa, Plan(pp=2, dp=4))
+    assert (small.sliding_window, small.local_per_global) == (32, 0) and "every layer local" in notes[0]
     small, job, _ = scale_down(load_model("llama3-8b"), Plan(pp=2, dp=2))
     assert small.n_layers == 2 and job.global_batch == 2 * 2  # micro-batches per step: pp of them by default
     with pytest.raises(InputError, match="--layers 4"):
@@ -148,20 +192,21 @@ def test_sharded_step_equals_one_device_step(has_jax):
     r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
                         "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective,"
                         "pp2-dp2-full-scanned,pp4-vpp2-dp2-selective,pp2-vpp2-dp2-full-scanned,"
-                        "moe-ep4-fsdp2-none-dropless,moe-shared-dense-ep2-tp2-fsdp2-selective"],
+                        "moe-ep4-fsdp2-none-dropless,moe-shared-dense-ep2-tp2-fsdp2-selective,"
+                        "swa-cp2-tp2-fsdp2-none"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 8  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
+    assert len(rows) == 9  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
     # the same schedule as one lax.scan over the ticks; the fifth and sixth: MaxText's circular pipeline (vpp 2,
     # the micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned; the seventh: MaxText's
     # dropless MoE (ragged all-to-all over ep 4, grouped matmuls), which on one device also equals the
-    # capacity-routed step given room for every token; the last: DeepSeek's layout (a dense layer, then a MoE
-    # layer with a shared expert)
+    # capacity-routed step given room for every token; then DeepSeek's layout (MLA, a dense layer, then a MoE
+    # layer with a shared expert); the last: a sliding-window layer and a global one under cp
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row
-    dropless = rows[-2]
+    dropless = rows[-3]
     assert dropless["capacity_loss_diff"] < 1e-5 and dropless["capacity_grad_rel_err"] < 1e-4, dropless
 
 

@@ -29,8 +29,10 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     # DeepSeek's layout: a leading dense layer, then a MoE layer with a shared expert beside the routed ones
     ("moe-shared-dense-ep2-tp2-fsdp2-selective", "deepseek-v3-671b",
      Plan(ep=2, tp=2, fsdp=2, remat=remat_policy("selective"))),
+    # sliding-window attention, one local and one global layer (a window of a quarter of the sequence), with cp
+    ("swa-cp2-tp2-fsdp2-none", "llama3-8b+swa", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("none"))),
 ]
-LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2}  # plans run with more than one layer (per stage)
+LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2, "swa-cp2-tp2-fsdp2-none": 2}  # more than one layer
 
 
 def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, layers: int = 1,
@@ -45,7 +47,10 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, l
     from planner.validate.scale import Scale, scale_down
 
     layers *= plan.pp * plan.vpp  # pipeline plans: `layers` per stage and repeat
-    small, job, _ = scale_down(load_model(model_name), plan, Scale(d_model=d_model, seq_len=seq_len, n_layers=layers))
+    m = load_model(model_name.removesuffix("+swa"))
+    if model_name.endswith("+swa"):  # a preset with a 1:1 local/global sliding window
+        m = replace(m, sliding_window=4096, local_per_global=1)
+    small, job, _ = scale_down(m, plan, Scale(d_model=d_model, seq_len=seq_len, n_layers=layers))
     if dropless:
         small = replace(small, capacity_factor=0.0)
     runs = [(small, plan, dropless), (small, single_device_plan(plan), dropless)]

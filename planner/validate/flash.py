@@ -37,34 +37,39 @@ def block_size(sq: int, target: int = 512) -> int:
     return sq
 
 
-def _pairs(rows: int, sq: int, s: int, bq: int, bk: int) -> list[tuple[int, int]]:
-    """(query block, key block) pairs with at least one unmasked entry for some row r."""
+def _pairs(rows: int, sq: int, s: int, bq: int, bk: int, window: int = 0) -> list[tuple[int, int]]:
+    """(query block, key block) pairs with at least one unmasked entry for some row r (window > 0: a query at
+    position q sees the keys q - window < k <= q)."""
     out = []
     for i in range(sq // bq):
-        q_last = (rows - 1) * sq + (i + 1) * bq - 1  # the largest query position in block i over all rows
-        out.extend((i, j) for j in range(s // bk) if j * bk <= q_last)
+        for j in range(s // bk):
+            firsts = (r * sq + i * bq for r in range(rows))  # each row's first query position in block i
+            if any(j * bk <= q + bq - 1 and (not window or j * bk + bk - 1 > q - window) for q in firsts):
+                out.append((i, j))
     return out
 
 
 def attention_flops(b: int, rows: int, sq: int, s: int, heads: int, hd: int, target: int = 512,
-                    dv: int = 0) -> tuple[float, float]:
+                    dv: int = 0, window: int = 0) -> tuple[float, float]:
     """(forward, backward) matmul FLOPs of `causal_attention` for these shapes (heads = query heads; hd the query
-    and key width, dv the value width, default hd)."""
+    and key width, dv the value width, default hd; window: a sliding window's width, 0 for none)."""
     bq = block_size(sq, target)
     bk = block_size(s, target)
-    n = len(_pairs(rows, sq, s, bq, bk))
+    n = len(_pairs(rows, sq, s, bq, bk, window))
     qk = 2.0 * b * rows * heads * bq * bk * hd  # one [bq, hd] x [hd, bk] product
     pv = qk * (dv or hd) / hd  # one [bq, bk] x [bk, dv] product
     return n * (qk + pv), n * (3 * qk + 2 * pv)  # fwd: QK^T, PV; bwd: QK^T again, dQ, dK; dV, dP
 
 
-def _mask(rows: int, sq: int, i: int, j: int, bq: int, bk: int):
-    """[rows, bq, bk] causal mask of block pair (i, j), or None when the block is unmasked for every row."""
-    if j * bk + bk - 1 <= i * bq:  # the block's last key precedes its first query (row 0, hence every row)
+def _mask(rows: int, sq: int, i: int, j: int, bq: int, bk: int, window: int = 0):
+    """[rows, bq, bk] causal (and sliding-window) mask of block pair (i, j), or None when the block is unmasked
+    for every row."""
+    if not window and j * bk + bk - 1 <= i * bq:  # its last key precedes its first query (row 0, so every row)
         return None
     qpos = (jnp.arange(rows) * sq)[:, None] + i * bq + jnp.arange(bq)[None, :]
     kpos = j * bk + jnp.arange(bk)
-    return kpos[None, None, :] <= qpos[:, :, None]
+    keep = kpos[None, None, :] <= qpos[:, :, None]
+    return keep & (kpos[None, None, :] > qpos[:, :, None] - window) if window else keep
 
 
 def _after(x, prev):
@@ -80,12 +85,12 @@ def _scores(qi, kj, scale):
     return jnp.einsum("brqkgd,btkd->brkgqt", qi, kj, preferred_element_type=jnp.float32) * scale
 
 
-def _fwd(q, k, v, target):
+def _fwd(q, k, v, target, window):
     b, rows, sq, kv, g, d = q.shape
     s, dv = k.shape[1], v.shape[-1]
     bq, bk = block_size(sq, target), block_size(s, target)
     scale = 1.0 / math.sqrt(d)
-    pairs = _pairs(rows, sq, s, bq, bk)
+    pairs = _pairs(rows, sq, s, bq, bk, window)
     outs, lses = [], []
     prev = None
     for i in range(sq // bq):
@@ -95,7 +100,7 @@ def _fwd(q, k, v, target):
         acc = jnp.zeros((b, rows, kv, g, bq, dv), jnp.float32)
         for _, j in (p for p in pairs if p[0] == i):
             sc = _scores(qi, k[:, j * bk:(j + 1) * bk], scale)
-            mask = _mask(rows, sq, i, j, bq, bk)
+            mask = _mask(rows, sq, i, j, bq, bk, window)
             if mask is not None:
                 sc = jnp.where(mask[None, :, None, None], sc, NEG)
             m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
@@ -114,19 +119,20 @@ def _fwd(q, k, v, target):
     return jnp.transpose(out, (0, 1, 4, 2, 3, 5)), lse
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def causal_attention(q, k, v, target: int = 512):
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def causal_attention(q, k, v, target: int = 512, window: int = 0):
     """q [b, R, sq, kv_heads, groups, d], k [b, s, kv_heads, d], v [b, s, kv_heads, dv]
-    -> [b, R, sq, kv_heads, groups, dv] (dv = d but for MLA)."""
-    return _fwd(q, k, v, target)[0]
+    -> [b, R, sq, kv_heads, groups, dv] (dv = d but for MLA); window > 0: each query sees its last `window`
+    keys (itself included), as a sliding-window layer does."""
+    return _fwd(q, k, v, target, window)[0]
 
 
-def _vjp_fwd(q, k, v, target):
-    out, lse = _fwd(q, k, v, target)
+def _vjp_fwd(q, k, v, target, window):
+    out, lse = _fwd(q, k, v, target, window)
     return out, (q, k, v, out, lse)
 
 
-def _vjp_bwd(target, res, dout):
+def _vjp_bwd(target, window, res, dout):
     q, k, v, out, lse = res
     b, rows, sq, kv, g, d = q.shape
     s, dvw = k.shape[1], v.shape[-1]
@@ -138,12 +144,12 @@ def _vjp_bwd(target, res, dout):
     dq = [jnp.zeros((b, rows, bq, kv, g, d), jnp.float32) for _ in range(sq // bq)]
     dk = [jnp.zeros((b, bk, kv, d), jnp.float32) for _ in range(s // bk)]
     dv = [jnp.zeros((b, bk, kv, dvw), jnp.float32) for _ in range(s // bk)]
-    for i, j in _pairs(rows, sq, s, bq, bk):
+    for i, j in _pairs(rows, sq, s, bq, bk, window):
         qs, ks = slice(i * bq, (i + 1) * bq), slice(j * bk, (j + 1) * bk)
         # one block pair at a time: its inputs wait for the previous pair's results
         qi, kj, vj, doi = _after((q[:, :, qs], k[:, ks], v[:, ks], dout[:, :, qs]), prev)
         p = jnp.exp(_scores(qi, kj, scale) - lse[..., qs][..., None])
-        mask = _mask(rows, sq, i, j, bq, bk)
+        mask = _mask(rows, sq, i, j, bq, bk, window)
         if mask is not None:
             p = jnp.where(mask[None, :, None, None], p, 0.0)
         pl = p.astype(v.dtype)

@@ -195,7 +195,7 @@ def rmsnorm(x, g):
     return (y * g.astype(jnp.float32)).astype(x.dtype)
 
 
-def attention(cfg: Setup, sh: Sharder, p: dict, x):
+def attention(cfg: Setup, sh: Sharder, p: dict, x, window: int = 0):
     m = cfg.model
     g = m.n_heads // m.n_kv_heads
     qkv = jnp.einsum("bsd,dkjh->bskjh", x, p["wqkv"])  # [b, s, kv, g + 2, hd]
@@ -208,12 +208,13 @@ def attention(cfg: Setup, sh: Sharder, p: dict, x):
     k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)
     b, s, hd, h = qg.shape[0], qg.shape[1], qg.shape[-1], m.n_heads
     r = cfg.plan.cp  # query rows: dimension 1 sharded over cp
-    ctx = causal_attention(qg.reshape(b, r, s // r, *qg.shape[2:]), k, v, cfg.flash_block).reshape(b, s, h, hd)
+    ctx = causal_attention(qg.reshape(b, r, s // r, *qg.shape[2:]), k, v, cfg.flash_block, window)
+    ctx = ctx.reshape(b, s, h, hd)
     ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
     return sh.resid(checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj"))
 
 
-def mla_attention(cfg: Setup, sh: Sharder, p: dict, x):
+def mla_attention(cfg: Setup, sh: Sharder, p: dict, x, window: int = 0):
     """Multi-head latent attention as MaxText's MLA layer runs it (no RoPE, as everywhere here): the query and the
     keys/values come from low-rank latents (normalised), the rope part of the key is one head shared by all; the
     down-projections run on every tp rank, the up-projections are split over tp by head."""
@@ -231,7 +232,8 @@ def mla_attention(cfg: Setup, sh: Sharder, p: dict, x):
     v = sh(checkpoint_name(v, "value_proj"), BATCH, "cp", "tp", None)
     k, v = sh(k, BATCH, None, "tp", None), sh(v, BATCH, None, "tp", None)  # all keys and values (cp)
     b, s, h, r = q.shape[0], q.shape[1], q.shape[2], cfg.plan.cp
-    ctx = causal_attention(q.reshape(b, r, s // r, h, 1, q.shape[-1]), k, v, cfg.flash_block).reshape(b, s, h, vd)
+    ctx = causal_attention(q.reshape(b, r, s // r, h, 1, q.shape[-1]), k, v, cfg.flash_block, window)
+    ctx = ctx.reshape(b, s, h, vd)
     ctx = checkpoint_name(sh(ctx, BATCH, "cp", "tp", None), "context")
     return sh.resid(checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, p["wo"]), "out_proj"))
 
@@ -415,11 +417,19 @@ def saved_names(plan: Plan) -> list[str]:
     return [n for t in TENSORS if t != "layer_input" and ch[t] == "device" for n in TENSOR_MAXTEXT_NAMES[t]]
 
 
-def layer_fn(cfg: Setup, sh: Sharder, moe: bool | None = None):
-    """One layer under the plan's remat policy; moe: a routed layer (default: the model's kind, for stacks of
-    alike layers), else dense."""
+def layer_window(m: ModelSpec, i: int) -> int:
+    """The sliding window of layer i (0: it attends to the whole prefix): with local_per_global k, every
+    (k + 1)-th layer is global (Gemma 3: five local, then one global); k = 0: every layer local."""
+    k = m.local_per_global
+    return m.sliding_window if m.sliding_window and (k == 0 or (i + 1) % (k + 1)) else 0
+
+
+def layer_fn(cfg: Setup, sh: Sharder, moe: bool | None = None, window: int | None = None):
+    """One layer under the plan's remat policy; moe: a routed layer, else dense; window: its sliding window (both
+    default to layer 0's kind, for stacks of alike layers)."""
     m = cfg.model
     moe = m.is_moe if moe is None else moe
+    window = layer_window(m, 0) if window is None else window
     routed = moe_dropless if cfg.dropless and m.capacity_factor == 0 else moe_mlp
 
     def mlp(p, x):
@@ -430,7 +440,7 @@ def layer_fn(cfg: Setup, sh: Sharder, moe: bool | None = None):
 
     def f(p, x):
         x = checkpoint_name(x, "decoder_layer_input")
-        h = x + (mla_attention if m.is_mla else attention)(cfg, sh, p, sh.unsplit(rmsnorm(x, p["norm1"])))
+        h = x + (mla_attention if m.is_mla else attention)(cfg, sh, p, sh.unsplit(rmsnorm(x, p["norm1"])), window)
         return sh.resid(h + mlp(p, sh.unsplit(rmsnorm(h, p["norm2"]))))
 
     plan = cfg.plan
@@ -463,9 +473,11 @@ def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
     cdt = cfg.cdt
     p = jax.tree.map(lambda a: a.astype(cdt), params)  # the compute copy of the weights
     x = embed(cfg, sh, p["embed"], tokens)
-    fs = {moe: layer_fn(cfg, sh, moe) for moe in {layer_is_moe(cfg.model, i) for i in range(len(p["layers"]))}}
-    for i, lp in enumerate(p["layers"]):  # unrolled: XLA's cost analysis counts a scanned body once
-        x = fs[layer_is_moe(cfg.model, i)](lp, x)
+    m = cfg.model
+    kinds = [(layer_is_moe(m, i), layer_window(m, i)) for i in range(len(p["layers"]))]
+    fs = {kind: layer_fn(cfg, sh, *kind) for kind in set(kinds)}
+    for kind, lp in zip(kinds, p["layers"], strict=True):  # unrolled: XLA's cost analysis counts a scanned body once
+        x = fs[kind](lp, x)
     return head_loss(cfg, sh, p, x, targets)
 
 

@@ -3,7 +3,7 @@
 The scaled model keeps what the plan's shardings depend on: the attention kind (MHA / GQA / MQA-like, with the
 KV heads divisible by tp), gated or plain MLP, tied or untied embeddings, MoE with top-k routing (experts
 divisible by ep, shared experts, one leading dense layer), multi-head latent attention (latents of d/4 and d/8).
-It drops what the validator's JAX model does not implement: sliding windows (noted in `notes`).
+Sliding windows become a quarter of the scaled sequence (local/global patterns keep at least one global layer).
 """
 
 from __future__ import annotations
@@ -121,14 +121,18 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         rope = max(2, head_dim // 2)
         head_dim, mla = head_dim + rope, dict(q_lora_rank=d_model // 4 if m.q_lora_rank else 0,
                                               kv_lora_rank=d_model // 8, qk_rope_head_dim=rope, v_head_dim=head_dim)
-    if m.sliding_window:
-        notes.append("sliding-window attention replaced by full causal attention")
+    window: dict = dict(sliding_window=0, local_per_global=0)
+    if m.sliding_window:  # a quarter of the scaled sequence; with a local/global pattern one global layer at least
+        k = 0 if plan.pp > 1 else min(m.local_per_global, s.n_layers - 1)  # pp: stages run alike layers
+        window = dict(sliding_window=max(1, seq // 4), local_per_global=k)
+        if m.local_per_global and not k:
+            notes.append("every layer local (pipeline stages run alike layers)")
     if plan.cp > 1 and m.is_moe:
         raise InputError("cp with MoE: the validator routes tokens per sequence and needs the sequence unsplit; "
                          "use --cp 1 for MoE models")
     small = replace(
         m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
-        head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, sliding_window=0, local_per_global=0, **mla, **moe)
+        head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, **window, **mla, **moe)
     if s.micro_steps > 1 and plan.pp == 1:
         raise InputError(f"--grad-accum: {s.micro_steps} micro-batches; the validator accumulates gradients over "
                          "micro-batches only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
