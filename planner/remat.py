@@ -167,7 +167,8 @@ class Surrogate:
     L0: float = 0.0
     lam: dict[str, float] = field(default_factory=dict)
     eps: float = 0.0
-    kappa: float = 0.0  # time that appears once anything is recomputed (MaxText: the sequence-parallel re-gather)
+    kappa: float = 0.0  # time that appears once anything is recomputed (the sequence-parallel re-gather; MaxText: the
+    # ep all-to-alls' rerun too)
     mu: float = 0.0  # time when the MLP input and output are both recomputed, beyond each alone (a MoE layer's
     rho_mu: float = 0.0  # expert output matmul reruns only then), and its recompute share
     trig: tuple[str, ...] = ()
@@ -401,8 +402,12 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     c_o = run(_choice(NONE, o=True)) if cons.offload_optimizer is not False else c0
     c_p = run(_choice(NONE, p=True)) if cons.offload_params is not False else c0
 
-    def regather(c: Cost) -> float:  # MaxText re-gathers the sequence-parallel inputs only under remat
-        return exposed(c, "tp", "sequence-parallel re-gather") - exposed(c0, "tp", "sequence-parallel re-gather")
+    # Time that appears once anything is recomputed: the sequence-parallel re-gather and, under MaxText (a JAX
+    # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
+    once = [("tp", "sequence-parallel re-gather")] + ([("ep", "tokens")] if job.framework == "maxtext" else [])
+
+    def regather(c: Cost) -> float:
+        return sum(exposed(c, axis, what) - exposed(c0, axis, what) for axis, what in once)
 
     def lin(c: Cost) -> float:
         return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations") - regather(c)
