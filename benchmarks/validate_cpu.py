@@ -55,13 +55,30 @@ NOTES = """
 #    reduce-scattered over ep with the layer (the ep all-reduce is gone) and moe-ep4-dp2 memory went from +2.9 %
 #    to -3.6 %. The validator routes with capacity factor 1, so MaxText's worst-case dropless buffers
 #    (costmodel.memory.routed_buffer_factor) are not in its prediction.
-#  - DeepSeek's layout (moe-shared-dense-ep4-dp2-selective, 2026-12-01): the validator runs a leading dense
-#    layer and shared experts (a dense MLP beside the routed ones; MLA still stands in as GQA). Two cost-model
-#    fixes came from it: a shared expert keeps no dispatched copy or pre-combine output (it had been counted with
-#    the routed rows: remat-none memory +13 % -> +10 % on deepseek-v3 ep4-dp2); and under a JAX remat policy that
-#    recomputes anything the ep all-to-alls are rerun (6 per MoE layer, not 4: the dispatched tokens are no named
-#    checkpoint), found as all-to-all -25 % / -29 % on selective ep2-fsdp2-tp2 plans (deepseek / mixtral), now
-#    exact. Its memory check: +7.8 % (the shared experts' intermediates counted in full).
+#  - DeepSeek's layout (moe-shared-dense-ep4-dp2-selective, 2026-12-01): the validator runs multi-head latent
+#    attention (MaxText's MLA layer: low-rank query and key/value latents, a shared rope key, values narrower than
+#    keys), a leading dense layer and shared experts (a dense MLP beside the routed ones). Cost-model fixes from
+#    it: a shared expert keeps no dispatched copy or pre-combine output (remat-none memory of deepseek-v3 ep4-dp2
+#    +13 % -> +10 %); under a JAX remat policy that recomputes anything the ep all-to-alls are rerun (6 per MoE
+#    layer, not 4: the routed tokens are no named checkpoint; selective ep2-fsdp2-tp2 all-to-all -25 % / -29 % on
+#    deepseek / mixtral, now exact); MLA's down-projections are not split over tp (MaxText maps their latent axes
+#    to no mesh axis, Megatron-Core duplicates them): weights, per-chip FLOPs and hardware FLOPs count them on
+#    every tp rank (dense MLA, tp 4: FLOPs -10.6 % -> -1.0 %).
+#  - sliding windows (no preset has one; tests and the equality check use llama3-8b with Gemma 3's pattern): the
+#    blockwise attention skips the blocks outside the window; FLOPs within 2 % on the plans tried.
+# Outside this set (benchmarks/validate_sweep.py: 4 model families x 13 meshes x 3 remat policies, 120 plans;
+# FLOPs 118/120, state 120/120, memory 89/120, collectives 258/306 within tolerance):
+#  - tp with sequence parallelism: memory -10 % to -30 % (gpt3's shape most, tp 4 more than tp 2): XLA:CPU keeps
+#    ten or more full-width [tokens, d] temporaries in a layer's backward (the gathered inputs and the partial
+#    sums before their reduce-scatter), where the cost model's working set holds the sequence-split tensors; at
+#    full width these are a few hundred MB beside tens of GB (the TPU tp plans: +1.1 % / +8.4 %).
+#  - cp: memory +13 % to +22 % under selective/full remat (the cp4 gap above).
+#  - MoE with tp but no ep: all-gather +12 % to +25 % (the routed tokens' tp traffic rule was read off ep x tp);
+#    MoE with fsdp x tp and full remat: all-gather -18 % to -24 %; the 131 KB device reorder with ep x fsdp.
+#  - gpt3 dp8 all-reduce -16.7 %: XLA:CPU reduces the tied embedding table's two gradients (lookup and logits)
+#    separately; frameworks (and XLA's reassociation on accelerators) reduce their sum once.
+#  - deepseek tp4 selective FLOPs -3.7 % / -5.4 %: MaxText's minimal policies keep query/key/value but not MLA's
+#    latents, so the down-projections rerun under any remat; the cost model reruns them only with qkv_proj.
 # Pipeline (pp2-dp4-full; planner.validate.pipeline follows MaxText's pipeline module):
 #  - the step is manual over pp and dp: each gradient is reduced over dp once per step (GSPMD had all-reduced each
 #    tick's partial sums: all-reduce -71 %); the tables sit on every stage, their gradients reduced over dp x pp;
