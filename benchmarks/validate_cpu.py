@@ -77,8 +77,9 @@ NOTES = """
 #    MoE with fsdp x tp and full remat: all-gather -18 % to -24 %; the 131 KB device reorder with ep x fsdp.
 #  - gpt3 dp8 all-reduce -16.7 %: XLA:CPU reduces the tied embedding table's two gradients (lookup and logits)
 #    separately; frameworks (and XLA's reassociation on accelerators) reduce their sum once.
-#  - deepseek tp4 selective FLOPs -3.7 % / -5.4 %: MaxText's minimal policies keep query/key/value but not MLA's
-#    latents, so the down-projections rerun under any remat; the cost model reruns them only with qkv_proj.
+#  - deepseek tp4 selective FLOPs had been -3.7 % / -5.4 %: MaxText's minimal policies keep query/key/value but not
+#    MLA's latents, so the down-projections rerun under any remat (costmodel.estimate.rerun_once_ops; the remat
+#    surrogate's rho_k); now -0.1 % / -2.0 %.
 # Pipeline (pp2-dp4-full; planner.validate.pipeline follows MaxText's pipeline module):
 #  - the step is manual over pp and dp: each gradient is reduced over dp once per step (GSPMD had all-reduced each
 #    tick's partial sums: all-reduce -71 %); the tables sit on every stage, their gradients reduced over dp x pp;

@@ -38,13 +38,14 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
         kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) \
             + m.kv_lora_rank * m.n_heads * (m.head_dim - m.qk_rope_head_dim + m.v_head_dim)
         qkv_params, qk_width, v_width = q + kv, m.n_heads * m.head_dim, m.n_heads * m.v_head_dim
-        # the down-projections are not split over tp (ModelSpec.attn_tp_replicated_params): every rank runs them
-        down = d * m.q_lora_rank * (m.q_lora_rank > 0) + d * (m.kv_lora_rank + m.qk_rope_head_dim)
-        qkv_per_rank = (qkv_params - down) / tp + down
+        # The down-projections to the latents are an op of their own: not split over tp (every rank runs them,
+        # ModelSpec.attn_tp_replicated_params), and rerun on their own under MaxText (estimate.rerun_once_ops).
+        latents = m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim
+        out.append(Op("mla_down", 2 * tokens * d * latents, min(d, latents, tokens), "qkv_proj"))
+        qkv_params -= d * latents
     else:
         qkv_params, qk_width, v_width = d * (m.q_dim + 2 * m.kv_dim), m.q_dim, m.q_dim
-        qkv_per_rank = qkv_params / tp
-    out.append(Op("qkv_proj", 2 * tokens * qkv_per_rank, min(d, (m.q_dim + 2 * m.kv_dim) / tp, tokens),
+    out.append(Op("qkv_proj", 2 * tokens * qkv_params / tp, min(d, (m.q_dim + 2 * m.kv_dim) / tp, tokens),
                   "qkv_proj"))
     # Scores Q K^T (2*width per query-key pair) and context P V (2*v_width per pair); causal masking (and any
     # sliding window) sets the pairs per query: s/2 for full causal attention (ModelSpec.mean_attended_keys).

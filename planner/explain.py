@@ -29,8 +29,9 @@ from hardware.chip import Chip
 from hardware.errors import InputError
 
 # Op names of costmodel.flops.layer_ops / logits_op grouped for the waterfall.
-OP_GROUPS = {"qkv_proj": "attention projections", "out_proj": "attention projections",
-             "attention": "attention core", "router": "MLP", "mlp_in": "MLP", "mlp_out": "MLP", "logits": "logits"}
+OP_GROUPS = {"qkv_proj": "attention projections", "mla_down": "attention projections",
+             "out_proj": "attention projections", "attention": "attention core", "router": "MLP", "mlp_in": "MLP",
+             "mlp_out": "MLP", "logits": "logits"}
 AXIS_NAMES = {"tp": "tensor-parallel", "fsdp": "FSDP", "dp": "data-parallel", "cp": "context-parallel",
               "pp": "pipeline", "ep": "expert-parallel"}
 PLANNER_WHAT_IF = "planner's remat/offload, same mesh"

@@ -169,6 +169,7 @@ class Surrogate:
     eps: float = 0.0
     kappa: float = 0.0  # time that appears once anything is recomputed (the sequence-parallel re-gather; MaxText: the
     # ep all-to-alls' rerun too)
+    rho_k: float = 0.0  # recompute that appears once anything is recomputed (MaxText: MLA's down-projections)
     mu: float = 0.0  # time when the MLP input and output are both recomputed, beyond each alone (a MoE layer's
     rho_mu: float = 0.0  # expert output matmul reruns only then), and its recompute share
     trig: tuple[str, ...] = ()
@@ -211,7 +212,8 @@ class Surrogate:
             + self.k_p * ch.offload_params + (self.eps if any(rem[t] for t in self.trig) else 0.0)
         rec = sum(self.rho.get(t, 0.0) for t in TENSORS if rem[t])
         off = sum(self.n_tau.get(t, 0.0) for t in TENSORS if c[t] == "offload")
-        lin += self.kappa if any(rem.values()) else 0.0
+        if any(rem.values()):
+            lin, rec = lin + self.kappa, rec + self.rho_k
         if rem["mlp_in"] and rem["mlp_out"]:
             lin, rec = lin + self.mu, rec + self.rho_mu
         return lin + max(0.0, self.g0 - self.nu * rec) + sum(max(0.0, off - nc) for nc in self.n_c)
@@ -292,10 +294,16 @@ class Surrogate:
             P.add([(y, 1), (R["mlp_in"], -1), (R["mlp_out"], -1)], lb=-1)
             obj.append((y, ns(self.mu)))
             pair = [(y, ns(self.nu * self.rho_mu))]
-        if self.g0 > 0:  # g >= g0 - nu * recompute
+        # NR = no tensor recomputed; Y_t = NR and t kept on device (exact links).
+        nr = P.bool()
+        for t in RECOMPUTABLE:
+            P.add([(nr, 1), (R[t], 1)], ub=1)
+        P.add([(nr, 1)] + [(R[t], 1) for t in RECOMPUTABLE], lb=1)
+        if self.g0 > 0:  # g >= g0 - nu * recompute (rho_k: once anything is, i.e. 1 - NR)
             g = P.int(0, ns(self.g0))
-            P.add([(g, 1)] + [(R[t], ns(self.nu * self.rho.get(t, 0.0))) for t in RECOMPUTABLE] + pair,
-                  lb=ns(self.g0))
+            once = ns(self.nu * self.rho_k)
+            P.add([(g, 1)] + [(R[t], ns(self.nu * self.rho.get(t, 0.0))) for t in RECOMPUTABLE] + pair
+                  + [(nr, -once)], lb=ns(self.g0) - once)
             obj.append((g, 1))
         if any(self.n_tau.values()):
             top = ns(sum(self.n_tau.values()))
@@ -303,11 +311,6 @@ class Surrogate:
                 h = P.int(0, top)
                 P.add([(h, 1)] + [(Off[t], -ns(self.n_tau.get(t, 0.0))) for t in TENSORS], lb=-ns(nc))
                 obj.append((h, 1))
-        # NR = no tensor recomputed; Y_t = NR and t kept on device (exact links).
-        nr = P.bool()
-        for t in RECOMPUTABLE:
-            P.add([(nr, 1), (R[t], 1)], ub=1)
-        P.add([(nr, 1)] + [(R[t], 1) for t in RECOMPUTABLE], lb=1)
         if self.kappa:  # kappa * (1 - NR)
             obj.append((nr, -ns(self.kappa)))
         ks = [(nr, round(self.xi))]
@@ -404,10 +407,10 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
 
     # Time that appears once anything is recomputed: the sequence-parallel re-gather and, under MaxText (a JAX
     # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
-    once = [("tp", "sequence-parallel re-gather")] + ([("ep", "tokens")] if job.framework == "maxtext" else [])
+    once_comm = [("tp", "sequence-parallel re-gather")] + ([("ep", "tokens")] if job.framework == "maxtext" else [])
 
     def regather(c: Cost) -> float:
-        return sum(exposed(c, axis, what) - exposed(c0, axis, what) for axis, what in once)
+        return sum(exposed(c, axis, what) - exposed(c0, axis, what) for axis, what in once_comm)
 
     def lin(c: Cost) -> float:
         return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations") - regather(c)
@@ -433,14 +436,15 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
 
     if template is not None:
-        for name in ("lam", "eps", "kappa", "mu", "rho_mu", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi",
+        for name in ("lam", "eps", "kappa", "rho_k", "mu", "rho_mu", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi",
                      "logits", "inflight", "same_stages", "eta"):
             setattr(s, name, getattr(template, name))
         run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
         run(_choice(NONE, mlp_in="offload"))
         if s.g0 > 0 and s.trig:
             t_min = min(s.trig, key=lambda t: s.rho[t])
-            s.nu = (s.g0 - exposed(run(_choice(NONE, **{t_min: "remat"})), "fsdp", "grads")) / s.rho[t_min]
+            s.nu = (s.g0 - exposed(run(_choice(NONE, **{t_min: "remat"})), "fsdp", "grads")) / (s.rho[t_min]
+                                                                                                 + s.rho_k)
         for ch, cost in ev.items():
             s.check(ch, cost)
         if s.exact:
@@ -455,19 +459,30 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.kappa = regather(c_full)
     s.rho = {t: pr[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
     s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
+    # what any remat reruns once (costmodel.estimate.rerun_once_ops), in every probe above: out of each rho_t
+    some = _choice(NONE, context="remat").remat
+    s.rho_k = c0.grad_accum * stage_times(m, chip, job, mesh.plan(some)).recompute_once
+    s.rho = {t: r - s.rho_k for t, r in s.rho.items()}
     dl = {t: lin(pr[t]) - s.L0 for t in RECOMPUTABLE}
-    if m.is_moe and "mlp_out" not in s.trig:
-        # mlp_out alone recomputes nothing (MaxText), but a MoE layer reruns its expert output matmul with the
-        # expert input (costmodel.estimate: recomputed ops): the pair's own term
+    n = len(s.trig)
+    if m.is_moe and s.rho["mlp_out"] <= 0:  # (of its own: beyond what any remat reruns)
+        # mlp_out alone recomputes nothing of its own (MaxText), but a MoE layer reruns its expert output matmul
+        # with the expert input (costmodel.estimate: recomputed ops): the pair's own term. With k of the pair
+        # among the triggers, lin(pair) - L0 = dl_in + dl_out - (k - 1) eps + mu and lin(full) - L0 =
+        # sum(dl) - (n - 1) eps + mu: two equations for eps and mu.
         c_pair = run(_choice(NONE, mlp_in="remat", mlp_out="remat"))
-        s.mu = lin(c_pair) - s.L0 - dl["mlp_in"] - dl["mlp_out"]
-        s.rho_mu = c_pair.time.get("recompute", 0.0) - s.rho["mlp_in"] - s.rho["mlp_out"]
-    if len(s.trig) >= 2:
-        s.eps = (sum(dl.values()) - (lin(c_full) - s.L0 - s.mu)) / (len(s.trig) - 1)
+        k = sum(t in s.trig for t in ("mlp_in", "mlp_out"))
+        others = sum(d for t, d in dl.items() if t not in ("mlp_in", "mlp_out"))
+        if n > k:
+            s.eps = (others - (lin(c_full) - lin(c_pair))) / (n - k)
+        s.mu = lin(c_pair) - s.L0 - dl["mlp_in"] - dl["mlp_out"] + (k - 1) * s.eps
+        s.rho_mu = c_pair.time.get("recompute", 0.0) - s.rho["mlp_in"] - s.rho["mlp_out"] - s.rho_k
+    elif n >= 2:
+        s.eps = (sum(dl.values()) - (lin(c_full) - s.L0)) / (n - 1)
     s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
     if s.g0 > 0 and s.trig:  # how fast recompute hides the gradient reduce-scatter, read off the smallest probe
         t_min = min(s.trig, key=lambda t: s.rho[t])
-        s.nu = (s.g0 - exposed(pr[t_min], "fsdp", "grads")) / s.rho[t_min]
+        s.nu = (s.g0 - exposed(pr[t_min], "fsdp", "grads")) / (s.rho[t_min] + s.rho_k)
     acts = {t: _collective(po[t], "host", "activations") for t in TENSORS}
     n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
     s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}

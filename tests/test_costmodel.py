@@ -449,8 +449,18 @@ def test_mla_down_projections_are_not_split_over_tp():
                   v_head_dim=16)
     down = 64 * 16 + 64 * (8 + 8)  # wq_a, wkv_a
     up = 16 * 4 * 24 + 8 * 4 * (16 + 16)  # wq_b, wkv_b
-    qkv = {o.name: o.flops for o in layer_ops(mla, 10, 32, 2, 1, False)}["qkv_proj"]
-    assert qkv == 2 * 10 * (down + up / 2)  # 10 tokens: the down-projections on every tp rank
+    ops = {o.name: o for o in layer_ops(mla, 10, 32, 2, 1, False)}
+    # 10 tokens: the down-projections (an op of their own) on every tp rank, the up-projections split
+    assert (ops["mla_down"].flops, ops["qkv_proj"].flops) == (2 * 10 * down, 2 * 10 * up / 2)
+    assert ops["mla_down"].produces == "qkv_proj"
+    # MaxText reruns them once anything is recomputed (its minimal policies keep q/k/v, not the latents);
+    # Megatron only with the projections themselves
+    from costmodel.estimate import rerun_once_ops
+
+    sel, job_mt = REMAT_POLICIES["selective"], Job(seq_len=32, global_batch=4)
+    assert [o.name for o in rerun_once_ops(list(ops.values()), Plan(tp=2, remat=sel), job_mt)] == ["mla_down"]
+    assert rerun_once_ops(list(ops.values()), Plan(tp=2, remat=sel), replace(job_mt, framework="megatron")) == []
+    assert rerun_once_ops(list(ops.values()), Plan(tp=2, remat=REMAT_POLICIES["none"]), job_mt) == []
     assert tp_replicated_flops_per_token(mla, False) == 2 * down
     # weights per chip: the replicated down-projections and their norms (16 + 8) whole, the rest halved
     body, layer, _ = param_counts_per_chip(mla, Plan(tp=2))
