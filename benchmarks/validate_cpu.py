@@ -55,7 +55,7 @@ NOTES = """
 #    reduce-scattered over ep with the layer (the ep all-reduce is gone) and moe-ep4-dp2 memory went from +2.9 %
 #    to -3.6 %. The validator routes with capacity factor 1, so MaxText's worst-case dropless buffers
 #    (costmodel.memory.routed_buffer_factor) are not in its prediction.
-#  - DeepSeek's layout (moe-shared-dense-ep4-dp2-selective, 2026-12-01): the validator runs multi-head latent
+#  - DeepSeek's layout (deepseek-ep4-dp2-selective, 2026-12-01): the validator runs multi-head latent
 #    attention (MaxText's MLA layer: low-rank query and key/value latents, a shared rope key, values narrower than
 #    keys), a leading dense layer and shared experts (a dense MLP beside the routed ones). Cost-model fixes from
 #    it: a shared expert keeps no dispatched copy or pre-combine output (remat-none memory of deepseek-v3 ep4-dp2
@@ -63,7 +63,8 @@ NOTES = """
 #    layer, not 4: the routed tokens are no named checkpoint; selective ep2-fsdp2-tp2 all-to-all -25 % / -29 % on
 #    deepseek / mixtral, now exact); MLA's down-projections are not split over tp (MaxText maps their latent axes
 #    to no mesh axis, Megatron-Core duplicates them): weights, per-chip FLOPs and hardware FLOPs count them on
-#    every tp rank (dense MLA, tp 4: FLOPs -10.6 % -> -1.0 %).
+#    every tp rank (dense MLA, tp 4: FLOPs -10.6 % -> -1.0 %). Its row: FLOPs -0.5 %, memory +8.6 % (temp +13 %:
+#    the shared expert's and the dense layer's intermediates counted in full), collectives exact.
 #  - sliding windows (no preset has one; tests and the equality check use llama3-8b with Gemma 3's pattern): the
 #    blockwise attention skips the blocks outside the window; FLOPs within 2 % on the plans tried.
 # Outside this set (benchmarks/validate_sweep.py: 4 model families x 13 meshes x 3 remat policies, 120 plans;

@@ -32,7 +32,7 @@ PLAN_SETS: dict[str, list[tuple[str, str, Plan]]] = {
         ("moe-ep4-dp2-full", "mixtral-8x7b", _p(dp=2, ep=4)),
         ("moe-ep2-fsdp2-tp2-none", "mixtral-8x7b", _p(fsdp=2, ep=2, tp=2, remat="none")),
         # DeepSeek's layout (a leading dense layer, a shared expert beside the routed ones; GQA for MLA)
-        ("moe-shared-dense-ep4-dp2-selective", "deepseek-v3-671b", _p(dp=2, ep=4, remat="selective")),
+        ("deepseek-ep4-dp2-selective", "deepseek-v3-671b", _p(dp=2, ep=4, remat="selective")),
         ("pp2-dp4-full", "llama3-8b", _p(pp=2, dp=4)),
         ("pp2-tp2-dp2-selective", "llama3-8b", _p(pp=2, tp=2, dp=2, remat="selective")),
         ("pp2-fsdp2-dp2-full", "llama3-8b", _p(pp=2, fsdp=2, dp=2)),
