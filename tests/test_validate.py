@@ -121,7 +121,9 @@ def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
     assert (ds.q_lora_rank, ds.kv_lora_rank, ds.head_dim, ds.qk_rope_head_dim, ds.v_head_dim) == (32, 16, 24, 8, 16)
     assert notes == []
     ds, _, notes = scale_down(load_model("deepseek-v3-671b"), Plan(ep=2, pp=2))
-    assert (ds.n_dense_layers, ds.n_shared_experts) == (0, 1) and "leading dense layers dropped" in notes[0]
+    assert (ds.n_dense_layers, ds.n_shared_experts) == (0, 1) and "pipeline stages run alike" in notes[0]
+    ds, _, notes = scale_down(load_model("deepseek-v3-671b"), Plan(ep=8), Scale(n_layers=1))
+    assert ds.n_dense_layers == 0 and notes == ["leading dense layers dropped (the one scaled layer is a MoE layer)"]
     # a sliding window: a quarter of the scaled sequence; Gemma 3's 5:1 pattern keeps one global layer of two,
     # and under pp every layer is local (noted)
     from dataclasses import replace

@@ -112,7 +112,8 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         moe = dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, tp), n_dense_layers=dense,
                    n_shared_experts=min(m.n_shared_experts, 2), capacity_factor=1.0)
         if m.n_dense_layers and not dense:
-            notes.append("leading dense layers dropped (pipeline stages run alike layers)")
+            why = "pipeline stages run alike layers" if plan.pp > 1 else "the one scaled layer is a MoE layer"
+            notes.append(f"leading dense layers dropped ({why})")
     elif ep > 1:
         raise InputError(f"ep={ep}: expert parallelism needs a MoE model; {m.name} is dense (use --ep 1)")
     mla: dict = dict(q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0)
