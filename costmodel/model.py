@@ -170,12 +170,6 @@ class ModelSpec:
         q = self.d_model * self.q_lora_rank + self.q_lora_rank if self.q_lora_rank else 0
         return q + self.d_model * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
 
-    def attn_params_per_tp_rank(self, tp: int) -> float:
-        """One layer's attention weights on one of `tp` tensor-parallel ranks (heads split, MLA down-projections
-        replicated)."""
-        rep = self.attn_tp_replicated_params()
-        return (self.attn_params() - rep) / tp + rep
-
     def mla_latent_elems(self) -> int:
         """Per token, the MLA latents a layer keeps when nothing is recomputed (not split over tp): the query and
         key/value down-projections' outputs (with the shared rope key) and their normalised copies."""

@@ -172,7 +172,6 @@ def test_mla_attention_by_tensor_shapes() -> None:
     # replicated (MaxText's q_lora_up_proj / kv_lora_up_proj axes, Megatron-Core's duplicated down-projections).
     replicated = 1536 * 7168 + 1536 + 576 * 7168 + 512
     assert m.attn_tp_replicated_params() == replicated
-    assert m.attn_params_per_tp_rank(8) == (m.attn_params() - replicated) / 8 + replicated
     assert lite.attn_tp_replicated_params() == 576 * 2048 + 512
     assert load_model("llama3-8b").attn_tp_replicated_params() == 0
     # kept when nothing is recomputed: both latents, their normalised copies, the shared rope key
