@@ -64,11 +64,13 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
     return out
 
 
+TP_REPLICATED_OPS = ("mla_down", "router")  # ops layer_ops counts unsplit over tp: every tp rank runs them whole
+
+
 def tp_replicated_flops_per_token(m: ModelSpec, moe: bool) -> float:
-    """Forward FLOPs per token of one layer that every tensor-parallel rank repeats (layer_ops counts them unsplit):
-    MLA's down-projections (ModelSpec.attn_tp_replicated_params) and a MoE layer's router."""
-    down = 2 * m.d_model * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 0
-    return down + (2 * m.d_model * m.n_experts if moe else 0)
+    """Forward FLOPs per token of one layer that every tensor-parallel rank repeats: MLA's down-projections
+    (ModelSpec.attn_tp_replicated_params) and a MoE layer's router."""
+    return sum(op.flops for op in layer_ops(m, 1, 1, 1, 1, moe) if op.name in TP_REPLICATED_OPS)
 
 
 def logits_op(m: ModelSpec, tokens: float, tp: int) -> Op:

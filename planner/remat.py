@@ -409,11 +409,11 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
     once_comm = [("tp", "sequence-parallel re-gather")] + ([("ep", "tokens")] if job.framework == "maxtext" else [])
 
-    def regather(c: Cost) -> float:
+    def once_time(c: Cost) -> float:
         return sum(exposed(c, axis, what) - exposed(c0, axis, what) for axis, what in once_comm)
 
     def lin(c: Cost) -> float:
-        return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations") - regather(c)
+        return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations") - once_time(c)
 
     s.xla_floor = schedules_to_hbm(job)
 
@@ -456,7 +456,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     pr = {t: run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
     po = {t: run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
     c_full = run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
-    s.kappa = regather(c_full)
+    s.kappa = once_time(c_full)
     s.rho = {t: pr[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
     s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
     # what any remat reruns once (costmodel.estimate.rerun_once_ops), in every probe above: out of each rho_t

@@ -106,20 +106,21 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
     blocks on the diagonal ((B+1)/2B of the s x s square, B blocks; with cp nearly every block; a window's edge
     blocks whole too), recomputes QK^T in its backward (2.5x the forward's matmuls), and under any remat policy
     its forward is recomputed (its output and log-sum-exp are not named checkpoints)."""
+    from collections import Counter
+
     from planner.validate.flash import attention_flops
+    from planner.validate.model import layer_window
 
     tokens = plan.micro_batch * job.seq_len / plan.cp
     a = sum(op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, False) if op.is_attention)
     r_model = 1 if plan.remat.context == "remat" and plan.remat.count("remat") else 0
     r_flash = 1 if plan.remat.count("remat") else 0
-    from planner.validate.model import layer_window
-
     computed = 0.0
-    for i in range(m.n_layers):  # a sliding-window layer skips the blocks outside its window
+    windows = Counter(layer_window(m, i) for i in range(m.n_layers))  # a window skips the blocks outside it
+    for window, n in windows.items():
         fwd, bwd = attention_flops(plan.micro_batch, plan.cp, job.seq_len // plan.cp, job.seq_len,
-                                   m.n_heads // plan.tp, m.head_dim, block, m.v_head_dim if m.is_mla else 0,
-                                   layer_window(m, i))
-        computed += ((1 + r_flash) * fwd + bwd) / plan.cp  # the cp rows are split over the chips
+                                   m.n_heads // plan.tp, m.head_dim, block, m.v_head_dim if m.is_mla else 0, window)
+        computed += n * ((1 + r_flash) * fwd + bwd) / plan.cp  # the cp rows are split over the chips
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-batches per step
     return (computed - m.n_layers * (3 + r_model) * a) * accum / plan.pp
 
