@@ -44,14 +44,23 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
 # buffer of costmodel.memory.xla_loop_extra_bytes was revised after them (it had been read off one tp config).
 VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l3-8b_v5p16_b0.5_s4096_full_tp2",
            "l3-8b_v6e8_b1_s8192_saveqkv", "l3-8b_v6e8_b0.5_s8192_full_cp2", "l2-70b_v5p64_b1_s4096_full",
-           "l2-70b_v6e64_b0.5_s4096_full_tp2", "mixtral-8x7b_v5p64_b1_s4096_full_ep4")
+           "l2-70b_v6e64_b0.5_s4096_full_tp2", "mixtral-8x7b_v5p64_b1_s4096_full_ep4",
+           "deepseek2-16b_v5p16_b1_s4096_full", "deepseek2-16b_v5p16_b1_s4096_full_ep4")
 
 
 def model_from_row(r: dict[str, str]) -> ModelSpec:
     experts = int(r["num_experts"] or 1)
+    # MLA (attention_type mla; base.yml's MLA defaults are listed for every model, read only then): the query /
+    # key head is the no-rope part plus the shared rope part
+    mla = r.get("attention_type") == "mla"
+    head_dim = int(r["qk_nope_head_dim"]) + int(r["qk_rope_head_dim"]) if mla else int(r["head_dim"])
+    mla_fields = dict(q_lora_rank=int(r["q_lora_rank"]), kv_lora_rank=int(r["kv_lora_rank"]),
+                      qk_rope_head_dim=int(r["qk_rope_head_dim"]), v_head_dim=int(r["v_head_dim"])) if mla else {}
     return ModelSpec(
+        **mla_fields, n_dense_layers=int(r.get("first_num_dense_layers") or 0) if experts > 1 else 0,
+        n_shared_experts=int(r.get("shared_experts") or 0) if experts > 1 else 0,
         name=r["model_name"], n_layers=int(r["num_decoder_layers"]), d_model=int(r["emb_dim"]),
-        n_heads=int(r["num_query_heads"]), n_kv_heads=int(r["num_kv_heads"]), head_dim=int(r["head_dim"]),
+        n_heads=int(r["num_query_heads"]), n_kv_heads=int(r["num_kv_heads"]), head_dim=head_dim,
         ffn_dim=int(r["mlp_dim"]), vocab_size=int(r["vocab_size"]), gated_mlp="linear" in r["mlp_activations"],
         tied_embeddings=r["logits_via_embedding"] == "True",
         n_experts=experts if experts > 1 else 0, experts_per_token=int(r["num_experts_per_tok"]) if experts > 1 else 0,

@@ -49,6 +49,13 @@ PLANS = [
     # pipeline parallelism (added 2026-12-01, sixth session): GPipe, 2 stages of 16 layers, pp micro-batches
     ("l2-7b_v5p16_pp2_fsdp4_full_s2048", "llama2-7b", "tpu-v5p:2x2x2", 2048,
      Plan(pp=2, fsdp=4, micro_batch=2, remat=parse_remat("full"))),
+    # DeepSeek's layout (added 2026-12-01, tenth session): DeepSeek-V2-Lite, MLA without a query latent, a dense
+    # first layer, 64 routed experts top-6 beside 2 shared; one lax.scan per run of alike layers, as MaxText's
+    # dense_layers / moe_layers
+    ("ds2-lite_v5p16_fsdp8_full_s4096", "deepseek-v2-lite-16b", "tpu-v5p:2x2x2", 4096,
+     Plan(fsdp=8, remat=parse_remat("full"))),
+    ("ds2-lite_v5p16_fsdp2_ep4_full_s4096", "deepseek-v2-lite-16b", "tpu-v5p:2x2x2", 4096,
+     Plan(fsdp=2, ep=4, remat=parse_remat("full"))),
 ]
 GB = 1e9
 NOTES = """
@@ -209,6 +216,8 @@ MAXTEXT_ID = {
     "mixtral_v5p64_fsdp32_full_s4096": "mixtral-8x7b_v5p64_b1_s4096_full",
     "mixtral_v5p64_fsdp8_ep4_full_s4096": "mixtral-8x7b_v5p64_b1_s4096_full_ep4",
     "l2-7b_v5p16_pp2_fsdp4_full_s2048": "l2-7b_v5p16_b2_s2048_full_pp2",
+    "ds2-lite_v5p16_fsdp8_full_s4096": "deepseek2-16b_v5p16_b1_s4096_full",
+    "ds2-lite_v5p16_fsdp2_ep4_full_s4096": "deepseek2-16b_v5p16_b1_s4096_full_ep4",
 }
 
 

@@ -49,8 +49,12 @@ def test_bad_plan_for_target():
         check_tpu_plan(SMALL, Plan(fsdp=2, cp=2), 1023, parse_target("tpu-v5p:2x2x1"))
     moe = replace(SMALL, n_experts=8, experts_per_token=2, moe_ffn_dim=4096)
     check_tpu_plan(moe, Plan(fsdp=2, ep=4), 1024, parse_target("tpu-v5p:2x2x2"))  # MoE layers all alike: runs
-    with pytest.raises(InputError, match="shared-expert"):
-        check_tpu_plan(replace(moe, n_shared_experts=1), Plan(fsdp=2, ep=4), 1024, parse_target("tpu-v5p:2x2x2"))
+    # DeepSeek's layout (MLA, a leading dense layer, shared experts): one stack per run of alike layers
+    ds = replace(moe, n_shared_experts=1, n_dense_layers=1, head_dim=96, kv_lora_rank=256, qk_rope_head_dim=32,
+                 v_head_dim=64)
+    check_tpu_plan(ds, Plan(fsdp=2, ep=4), 1024, parse_target("tpu-v5p:2x2x2"))
+    with pytest.raises(InputError, match="sliding-window layers are not supported there"):
+        check_tpu_plan(replace(SMALL, sliding_window=256), Plan(fsdp=8), 1024, parse_target("tpu-v5p:2x2x2"))
     # pipeline stages compile for dense models whose layers split evenly over the stages
     check_tpu_plan(SMALL, Plan(pp=2, fsdp=4), 1024, parse_target("tpu-v5p:2x2x2"))
     with pytest.raises(InputError, match=r"small-llama's 8 layers do not split evenly over pp=16 chunks; use a pp "

@@ -147,6 +147,11 @@ CONFIGS: list[Config] = [
            extra={"ici_expert_parallelism": 2}),
     Config("mixtral-8x7b_v5p64_b1_s4096_full_ep8", "mixtral-8x7b", "v5p-64", 1, 4096, "full",
            extra={"ici_expert_parallelism": 8}),
+    # DeepSeek-V2-Lite (MLA without a query latent, 64 routed experts top-6 + 2 shared, first layer dense): the
+    # validator's DeepSeek TPU plans (benchmarks/validate_tpu.py, added 2026-12-01, tenth session)
+    Config("deepseek2-16b_v5p16_b1_s4096_full", "deepseek2-16b", "v5p-16", 1, 4096, "full"),
+    Config("deepseek2-16b_v5p16_b1_s4096_full_ep4", "deepseek2-16b", "v5p-16", 1, 4096, "full",
+           extra={"ici_expert_parallelism": 4}),
     # published v6e recipes that ran (tpu-recipes-v6e rows of runs_dev.csv) and that the cost model predicted over
     # the chip's HBM (32.8 and 33.9 GiB against 30.4 usable): what MaxText's own compile holds
     Config("trillium-l31-8b_v6e8_b3_s8192_custom", "llama3.1-8b", "v6e-8", 3, 8192, "custom",
@@ -310,6 +315,11 @@ MODEL_KEYS = [
     ("num_experts", "num_experts"), ("num_experts_per_tok", "num_experts_per_tok"),
     ("decoder_block", "decoder_block"), ("logits_via_embedding", "logits_via_embedding"),
     ("fused_qkv", "fused_qkv"), ("opt_type", "opt_type"),
+    # DeepSeek's layout (added with the deepseek2-16b configs): leading dense layers, shared experts, MLA
+    ("first_num_dense_layers", "first_num_dense_layers"), ("shared_experts", "shared_experts"),
+    ("attention_type", "attention_type"), ("q_lora_rank", "q_lora_rank"), ("kv_lora_rank", "kv_lora_rank"),
+    ("qk_nope_head_dim", "qk_nope_head_dim"), ("qk_rope_head_dim", "qk_rope_head_dim"),
+    ("v_head_dim", "v_head_dim"),
 ]
 
 

@@ -31,12 +31,44 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
      Plan(ep=2, tp=2, fsdp=2, remat=remat_policy("selective"))),
     # sliding-window attention, one local and one global layer (a window of a quarter of the sequence), with cp
     ("swa-cp2-tp2-fsdp2-none", "llama3-8b+swa", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("none"))),
+    # the TPU compile's step (planner.validate.tpu.scanned_step): DeepSeek-V2-Lite's layout (MLA without a query
+    # latent, a dense layer, then two MoE layers with shared experts), one lax.scan per run of alike layers, dropless
+    ("layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless", "deepseek-v2-lite-16b",
+     Plan(ep=2, fsdp=2, tp=2, remat=remat_policy("full"))),
 ]
-LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2, "swa-cp2-tp2-fsdp2-none": 2}  # more than one layer
+LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2, "swa-cp2-tp2-fsdp2-none": 2,  # more than one layer
+          "layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless": 3}
+
+
+def scanned_grads(cfg, mesh, params: dict, tokens, targets) -> tuple[float, dict]:
+    """Loss and gradients of the TPU compile's step (planner.validate.tpu.scanned_step: one stack per run of
+    alike layers) for the unrolled step's parameters, read back as the unrolled layer list. The step runs one
+    Adam update from zero moments: the gradient is mu / (1 - b1) (clipping off)."""
+    from dataclasses import replace
+
+    import jax
+    import numpy as np
+
+    from planner.validate.model import ADAM, layer_groups
+    from planner.validate.tpu import scanned_step
+
+    fn, _ = scanned_step(replace(cfg, grad_clip=1e30), mesh)
+    runs, start = [], 0
+    for _, n in layer_groups(cfg.model):
+        runs.append((start, n))
+        start += n
+    host = jax.tree.map(np.asarray, params)
+    stacked = dict(host, layers=[jax.tree.map(lambda *a: np.stack(a), *host["layers"][s:s + n]) for s, n in runs])
+    zeros = jax.tree.map(np.zeros_like, stacked)
+    _, opt, loss = fn(stacked, {"mu": zeros, "nu": zeros, "count": np.zeros((), np.int32)}, tokens, targets)
+    g = jax.tree.map(lambda a: np.asarray(a) / (1 - ADAM["b1"]), opt["mu"])
+    g["layers"] = [{k: v[i] for k, v in stack.items()} for stack, (_, n) in zip(g["layers"], runs, strict=True)
+                   for i in range(n)]
+    return float(loss), g
 
 
 def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, layers: int = 1,
-            scan_pipeline: bool = False, dropless: bool = False) -> dict:
+            scan_pipeline: bool = False, dropless: bool = False, layer_scan: bool = False) -> dict:
     from dataclasses import replace
 
     import jax
@@ -62,6 +94,9 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, l
         cfg = Setup(m, pl, job.seq_len, job.global_batch, "float32", scan_pipeline=scan_pipeline, dropless=dl)
         step = build_step(cfg, make_mesh(pl), donate=False)
         params, _, tokens, targets = step.inputs(seed=1)
+        if layer_scan and pl is plan:  # the sharded run: the TPU compile's scanned step
+            out.append(scanned_grads(cfg, step.mesh, params, tokens, targets))
+            continue
         loss, grads = step.grad_fn(params, tokens, targets)
         if hasattr(step, "unstack"):  # pipeline plans stack the layers per stage: back to the flat layer list
             grads = step.unstack(grads)
@@ -92,7 +127,8 @@ def main(argv: list[str]) -> None:
             continue
         print(json.dumps({"plan": name, **compare(model, plan, layers=LAYERS.get(name, 1),
                                                         scan_pipeline=name.endswith("-scanned"),
-                                                        dropless=name.endswith("-dropless"))}), flush=True)
+                                                        dropless=name.endswith("-dropless"),
+                                                        layer_scan=name.startswith("layer-scan"))}), flush=True)
 
 
 if __name__ == "__main__":

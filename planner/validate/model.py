@@ -76,6 +76,19 @@ def layer_is_moe(m: ModelSpec, i: int) -> bool:
     return m.is_moe and i >= m.n_dense_layers
 
 
+def layer_groups(m: ModelSpec) -> list[tuple[bool, int]]:
+    """Runs of alike layers, in order: (routed, count). DeepSeek's layout is a dense run then a MoE run; MaxText
+    scans each run as a stack of its own (dense_layers, moe_layers)."""
+    out: list[tuple[bool, int]] = []
+    for i in range(m.n_layers):
+        moe = layer_is_moe(m, i)
+        if out and out[-1][0] == moe:
+            out[-1] = (moe, out[-1][1] + 1)
+        else:
+            out.append((moe, 1))
+    return out
+
+
 def single_device_plan(plan: Plan) -> Plan:
     return plan.with_(dp=1, fsdp=1, tp=1, cp=1, pp=1, ep=1, vpp=1, zero=0)
 

@@ -175,10 +175,22 @@ class TpuResult:
         return sum(c.compile_s for c in self.compiles)
 
 
+def main_group(m: ModelSpec) -> int:
+    """Index of the longest run of alike layers (planner.validate.model.layer_groups): the one scanned with
+    `unroll` layers per iteration; the others (DeepSeek's leading dense layers) are unrolled whole."""
+    from planner.validate.model import layer_groups
+
+    groups = layer_groups(m)
+    return max(range(len(groups)), key=lambda g: groups[g][1])
+
+
 def scanned_step(cfg, mesh, unroll: int = 1):
     """The validator's step with the layers under `jax.lax.scan` over stacked [L, ...] fp32 parameters, as MaxText
-    runs it (scan_layers=true): (jitted step, abstract inputs). The layer body, remat policy, attention, loss and
-    Adam are planner.validate.model's; each layer's weights are cast to bf16 inside the scanned body."""
+    runs it (scan_layers=true): (jitted step, abstract inputs). Each run of alike layers is a stack of its own
+    (DeepSeek: the dense layers, then the MoE layers, as MaxText's dense_layers / moe_layers); the longest run is
+    scanned with `unroll` layers per iteration, the others unrolled whole (so that XLA's cost analysis counts
+    them). The layer body, remat policy, attention, loss and Adam are planner.validate.model's; each layer's
+    weights are cast to bf16 inside the scanned body."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -192,35 +204,39 @@ def scanned_step(cfg, mesh, unroll: int = 1):
         head_loss,
         init_params,
         layer_fn,
+        layer_groups,
         param_specs,
     )
 
     m, cdt = cfg.model, cfg.cdt
     sh = Sharder(mesh, cfg.plan)
+    groups = layer_groups(m)
+    firsts = [sum(n for _, n in groups[:g]) for g in range(len(groups))]  # a layer of each group
+    main = main_group(m)
 
     def stacked_specs(moments: bool) -> dict:
         s = param_specs(cfg, moments)
-        s["layers"] = {k: P(None, *v) for k, v in s["layers"][0].items()}
+        s["layers"] = [{k: P(None, *v) for k, v in s["layers"][i].items()} for i in firsts]
         return jax.tree.map(lambda x: NamedSharding(mesh, x), s, is_leaf=lambda x: isinstance(x, P))
 
     def stacked_shapes() -> dict:
-        one = init_params(replace(cfg, model=replace(m, n_layers=1)), shapes_only=True)
-        one["layers"] = {k: jax.ShapeDtypeStruct((m.n_layers, *v.shape), v.dtype)
-                         for k, v in one["layers"][0].items()}
+        one = init_params(replace(cfg, model=replace(m, n_layers=firsts[-1] + 1)), shapes_only=True)
+        one["layers"] = [{k: jax.ShapeDtypeStruct((n, *v.shape), v.dtype) for k, v in one["layers"][i].items()}
+                         for i, (_, n) in zip(firsts, groups, strict=True)]
         return one
 
     p_sh, m_sh = stacked_specs(False), stacked_specs(True)
     rep, b_sh = NamedSharding(mesh, P()), NamedSharding(mesh, P(BATCH, "cp"))
-    layer = layer_fn(cfg, sh)
+    layers = [layer_fn(cfg, sh, moe) for moe, _ in groups]
 
     def loss(params, tokens, targets):
         p = {k: v.astype(cdt) for k, v in params.items() if k != "layers"}
         x = embed(cfg, sh, p["embed"], tokens)
+        for g, (layer, stack) in enumerate(zip(layers, params["layers"], strict=True)):
+            def body(x, lp, layer=layer):
+                return layer(jax.tree.map(lambda a: a.astype(cdt), lp), x), None
 
-        def body(x, lp):
-            return layer(jax.tree.map(lambda a: a.astype(cdt), lp), x), None
-
-        x, _ = jax.lax.scan(body, x, params["layers"], unroll=unroll)
+            x, _ = jax.lax.scan(body, x, stack, unroll=unroll if g == main else True)
         return head_loss(cfg, sh, p, x, targets)
 
     def train_step(params, opt, tokens, targets):
@@ -397,10 +413,9 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
             what = f"pp={plan.pp}" + (f" x vpp={plan.vpp}" if plan.vpp > 1 else "")
             raise InputError(f"--pp: {m.name}'s {m.n_layers} layers do not split evenly over {what} chunks; use "
                              f"a pp{' x vpp' if plan.vpp > 1 else ''} that divides {m.n_layers}")
-    if m.is_mla or m.sliding_window or (m.is_moe and (m.n_dense_layers or m.n_shared_experts)):
-        raise InputError(f"--target: the TPU compile runs GQA models whose layers are all alike at full width; "
-                         f"{m.name} has MLA / sliding-window / leading dense or shared-expert layers (use e.g. "
-                         "llama3-8b or mixtral-8x7b)")
+    if m.sliding_window:
+        raise InputError(f"--target: the TPU compile scans runs of alike layers; {m.name}'s sliding-window "
+                         "layers are not supported there (validate it on the CPU devices: drop --target)")
     if seq_len % plan.cp:
         raise InputError(f"--seq-len: {seq_len} is not divisible by cp={plan.cp}")
     if m.n_kv_heads % plan.tp:
@@ -436,9 +451,13 @@ def _compile_figures(res: TpuResult, m_full: ModelSpec, plan: Plan, job: Job, de
         a, b = res.compiles
         res.full, res.per_layer = _flat(a), {}
         # XLA's cost analysis counts a while body once: F2 - F1 is one more layer (with an odd depth, scan's
-        # unroll=2 adds a one-layer remainder outside the loop: two more)
-        body = (b.flops - a.flops) / (2 if m_full.n_layers % 2 else 1)
-        res.full["flops"] = a.flops + (m_full.n_layers - 1) * body
+        # unroll=2 adds a one-layer remainder outside the loop: two more); only the longest run of alike layers
+        # is scanned (scanned_step)
+        from planner.validate.model import layer_groups
+
+        n = layer_groups(m_full)[main_group(m_full)][1]
+        body = (b.flops - a.flops) / (2 if n % 2 else 1)
+        res.full["flops"] = a.flops + (n - 1) * body
         res.per_layer["flops"] = body
         how = f"the full {m_full.n_layers} layers under lax.scan"
     else:
