@@ -173,12 +173,13 @@ def _row_of(x: dict) -> dict:
     c = {k["quantity"]: k for k in x["checks"]}
     mem, fl = c.get("memory_bytes"), c.get("flops")
     pred, floor = current_prediction_gb(x["plan"]), current_prediction_gb(x["plan"], fit=True)
+    flops_err = (current_flops(x["plan"]) - fl["xla"]) / fl["xla"] * 100 if fl and fl["xla"] else None
     tpu = mem["xla"] / GB if mem else None
     peak = x["extrapolated"].get("mem:xla_peak")
     return {"plan": x["plan"], "target": x["target"], "predicted_gb": pred, "tpu_gb": tpu,
             "fit_gb": floor, "xla_peak_gb": peak / GB if peak else None,
             "error_pct": (pred - tpu) / tpu * 100 if mem else None,
-            "flops_error_pct": fl["error_pct"] if fl else None,
+            "flops_error_pct": flops_err,
             "temp_gb": x["extrapolated"].get("mem:temp", 0.0) / GB, "compile_s": x["compile_s"], "error": x["error"],
             "unroll2_gb": x["compiles"][1]["memory"]["peak"] / GB
             if len(x["compiles"]) > 1 and x["compiles"][1].get("unroll", 2) == 2 else None}
@@ -195,6 +196,14 @@ def current_cost(name: str):
     _, model, target, seq, plan = next(p for p in PLANS if p[0] == name)
     t = parse_target(target)
     return estimate(load_model(model), load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
+
+
+def current_flops(name: str) -> float:
+    """The FLOPs per chip planner.validate.tpu predicts for a plan of PLANS, with the current cost model."""
+    from planner.validate.tpu import predicted_flops, tpu_job
+
+    _, model, _, seq, plan = next(p for p in PLANS if p[0] == name)
+    return predicted_flops(load_model(model), tpu_job(plan, seq), plan, current_cost(name).hardware_flops_per_step)[0]
 
 
 def current_prediction_gb(name: str, fit: bool = False) -> float:

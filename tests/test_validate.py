@@ -400,3 +400,29 @@ def test_validate_pipeline_micro_batches_must_divide_over_stages():
 
     with pytest.raises(InputError, match=r"--grad-accum: 3 micro-batches; .*multiple of pp=2.*--grad-accum 4"):
         scale_down(load_model("llama3-8b"), Plan(pp=2, dp=2), Scale(micro_steps=3))
+
+
+def test_grouped_matmul_flops_adjustment_by_hand():
+    """The megablox kernels' declared excess under ep: (buffer - 1) x the routed experts' MLP FLOPs, each matmul
+    counted forward, twice backward and once more recomputed under full remat; shared experts (a dense MLP)
+    not scaled. Tiny MoE: d 64, expert ffn 32 (gated), top-2 of 8 plus 1 shared, ep 4 -> buffer min(4, 8/2) = 4."""
+    from dataclasses import replace
+
+    from costmodel.model import ModelSpec
+    from costmodel.plan import parse_remat
+    from planner.validate.compare import grouped_matmul_flops_adjustment
+    from planner.validate.tpu import tpu_job
+
+    m = ModelSpec(name="tiny-moe", n_layers=3, d_model=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn_dim=128,
+                  vocab_size=256, gated_mlp=True, tied_embeddings=False, n_experts=8, experts_per_token=2,
+                  moe_ffn_dim=32, n_shared_experts=1)
+    plan = Plan(ep=4, fsdp=2, remat=parse_remat("full"))
+    job = tpu_job(plan, 128)
+    mlp_in = 2 * 128 * 2 * 64 * (2 * 32)  # tokens x k x d x (gate + up) x ffn, 2 FLOPs per multiply-add
+    mlp_out = 2 * 128 * 2 * 32 * 64
+    want = 3 * (3 * (4 * mlp_in + 4 * mlp_out))  # 3 MoE layers x (buffer - 1) x 4 passes each
+    assert grouped_matmul_flops_adjustment(m, job, plan) == pytest.approx(want)
+    # no ep: the buffer is the balanced rows, nothing declared beyond the work
+    assert grouped_matmul_flops_adjustment(m, job, plan.with_(ep=1, fsdp=8)) == 0.0
+    # a dense first layer runs no grouped matmul
+    assert grouped_matmul_flops_adjustment(replace(m, n_dense_layers=1), job, plan) == pytest.approx(want * 2 / 3)

@@ -131,7 +131,8 @@ def grouped_matmul_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float
     Each megablox kernel (forward, input gradient, weight gradient) declares 2 m k n FLOPs over its whole operand,
     and under ep that is the worst-case receive buffer, routed_buffer_factor times the balanced rows (the kernel
     skips the empty tiles; the cost model counts the balanced rows). Per expert matmul: forward, two backward
-    kernels, and the forward again when its output is recomputed (the gate gradient needs the experts' outputs)."""
+    kernels, and the forward again when its output is recomputed (the gate gradient needs the experts' outputs).
+    Only the routed experts' share of the MLP ops (k of k + shared): shared experts run as a dense MLP."""
     from costmodel.memory import routed_buffer_factor
 
     buf = routed_buffer_factor(m, job, plan)
@@ -142,7 +143,8 @@ def grouped_matmul_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float
     ch = plan.remat.choices()
     ops = {op.name: op.flops for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, True)}
     passes = {t: 3 + (remat and ch[t] != "device") for t in ("mlp_in", "mlp_out")}
-    return m.n_moe_layers * (buf - 1) * sum(ops[t] * passes[t] for t in passes)
+    routed = m.experts_per_token / (m.experts_per_token + m.n_shared_experts)
+    return m.n_moe_layers * (buf - 1) * routed * sum(ops[t] * passes[t] for t in passes)
 
 
 def pipeline_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, per_device_flops: float) -> float:

@@ -469,6 +469,17 @@ def _compile_figures(res: TpuResult, m_full: ModelSpec, plan: Plan, job: Job, de
     return how
 
 
+def predicted_flops(m: ModelSpec, job: Job, plan: Plan, hardware_flops_per_step: float,
+                    block: int = 512) -> tuple[float, float]:
+    """FLOPs per chip XLA:TPU's cost analysis should count for the validator's step: the cost model's hardware
+    FLOPs plus what the step's kernels declare beyond them (flash-attention blocks and recompute, megablox
+    worst-case rows, the pipeline bubble); returns (total, that adjustment)."""
+    extra = flash_flops_adjustment(m, job, plan, block)
+    extra += grouped_matmul_flops_adjustment(m, job, plan)
+    extra += pipeline_flops_adjustment(m, job, plan, hardware_flops_per_step / plan.chips + extra)
+    return hardware_flops_per_step / plan.chips + extra, extra
+
+
 def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Target,
               layers: tuple[int, int], block: int, devices: list | None, scan: bool) -> None:
     from costmodel.estimate import estimate
@@ -481,11 +492,9 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
     how = _compile_figures(res, m_full, plan, job, devices, layers, block, scan)
     chip = load_hardware(t.hardware)
     cost = estimate(m_full, chip, job, plan, t.chips)
-    extra = flash_flops_adjustment(m_full, job, plan, block)
-    extra += grouped_matmul_flops_adjustment(m_full, job, plan)
-    extra += pipeline_flops_adjustment(m_full, job, plan, cost.hardware_flops_per_step / plan.chips + extra)
+    flops, extra = predicted_flops(m_full, job, plan, cost.hardware_flops_per_step, block)
     res.predicted = {"memory_bytes": cost.peak_memory_bytes, "breakdown": dict(cost.memory),
-                     "flops": cost.hardware_flops_per_step / plan.chips + extra, "flops_adjustment": extra}
+                     "flops": flops, "flops_adjustment": extra}
     full, name = res.full, res.name
     peak = full["mem:argument"] + full["mem:output"] + full["mem:temp"] - full["mem:alias"]
     res.checks.append(tpu_check(name, "memory_bytes", cost.peak_memory_bytes, peak,
