@@ -40,8 +40,9 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            # the fit check's boundary on v6e, compiled after the fit floor was set (two fit, two refused)
            "l3-8b_v6e8_b2_s8192_full", "l3-8b_v6e8_b1_s8192_savedotexceptmlp", "l3-8b_v6e8_b3_s8192_full",
            "l3-8b_v6e8_b2_s8192_saveqkv")
-# benchmarks/validate_tpu.py's seven plans as MaxText runs them (added 2026-12-01); the tensor-parallel loop
-# buffer of costmodel.memory.xla_loop_extra_bytes was revised after them (it had been read off one tp config).
+# benchmarks/validate_tpu.py's plans as MaxText runs them (added 2026-12-01; the two DeepSeek-V2-Lite ones in the
+# tenth session, compiled after every rule); the tensor-parallel loop buffer of costmodel.memory.xla_loop_extra_bytes
+# was revised after the dense ones (it had been read off one tp config).
 VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l3-8b_v5p16_b0.5_s4096_full_tp2",
            "l3-8b_v6e8_b1_s8192_saveqkv", "l3-8b_v6e8_b0.5_s8192_full_cp2", "l2-70b_v5p64_b1_s4096_full",
            "l2-70b_v6e64_b0.5_s4096_full_tp2", "mixtral-8x7b_v5p64_b1_s4096_full_ep4",

@@ -68,9 +68,9 @@ topology (benchmarks/maxtext_memory, ids in MAXTEXT_ID; one sequence per batch s
 0.5 with tp or cp 2). Compile s = both compiles (one and two layers per scan iteration; the second only for the loop
 body's FLOPs).
 
-The validator's step and MaxText's agree within 8% on every plan but the pipeline one (-4% to +8%; pp: -28%,
-below), so the two TPU columns are two readings of the same program family. State (fp32 weights + mu + nu =
-12 B/param) matches to 0.1% in every row: every difference is in temp.
+The validator's step and MaxText's agree within 8% on the dense and Mixtral plans (-4% to +8%; DeepSeek: +10% and
++12%; pp: -28%, below), so the two TPU columns are two readings of the same program family. State (fp32 weights +
+mu + nu = 12 B/param) matches to 0.1% in every row: every difference is in temp.
 Buffers, from the buffer assignment (XLA_FLAGS=--xla_dump_to=DIR, *memory-usage-report.txt):
   * as the cost model counts: one stacked bf16 compute copy of the layer weights (the cast is hoisted out of the
     loop; bf16[32,1024,14336] for wi_0 on llama3-8b fsdp 4) and one stacked fp32 gradient per weight
@@ -94,7 +94,7 @@ Buffers, from the buffer assignment (XLA_FLAGS=--xla_dump_to=DIR, *memory-usage-
   (+5.5% each). On MaxText's other compiles the rules give 24 of 25 fitted configurations and 6 of 13 holdout
   ones within 5% (two of them published v6e recipes; benchmarks/maxtext_memory_report.txt).
 XLA's own spread (2/iter GB): the second compile, made for the loop body's FLOPs, is the same training step with
-two layers per scan iteration; XLA's figure for it differs from the first by 2.2% to 9.6% (median 5.1%), both
+two layers per scan iteration; XLA's figure for it differs from the first by 0.7% to 9.6% (median 4.2%), both
 ways. A 5% target sits at the compiler's own noise for these programs; the two misses (+7.0%, +8.4%) are beyond it.
 The terms are not XLA's buffers one by one (the entry computation's live ranges, *live-range.txt, llama3-8b fsdp 4
 full): when the forward layer loop starts, XLA holds the bf16 weight stacks twice, in two tilings (the cast and a
@@ -134,12 +134,27 @@ holds 22.45 GB on the validator's pipeline (planner.validate.pipeline, ticks und
 of MaxText's stage buffers it does without was not traced. Here the validator's step is a leaner program than
 MaxText's, not a reading of it; the row stays as a miss. Memory comes
 from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
+DeepSeek's layout (DeepSeek-V2-Lite: MLA without a query latent, one dense first layer, 26 MoE layers of 64 routed
+experts top-6 beside 2 shared; v5p 2x2x2, fsdp 8 and fsdp 2 x ep 4; added 2026-12-01, tenth session, after every
+memory rule, none changed for it): `--target` compiles MLA, leading dense layers and shared experts since then,
+each run of alike layers scanned as a stack of its own (the dense layer, then the MoE layers; MaxText's
+dense_layers / moe_layers); the equality check runs that scanned step against the one-device step
+(planner.validate.equality, layer-scan row). FLOPs +1.1% and +0.4% (the megablox adjustment had scaled the shared
+experts' MLP as if routed: +20.3% on ep 4 before; planner.validate.compare.grouped_matmul_flops_adjustment), state
+exact. Memory: +1.8% and -2.0% against MaxText's own compile; -8.7% and -10.7% against the validator's step, the
+MoE gap again: the two programs' buffer assignments are close (fsdp 8: preallocated temp 15.3 vs 14.1 GB) but
+memory_analysis() reports more temp beyond it for the validator's (6.8 GB, MaxText's 2.4 GB, one fp32 expert
+stack's worth). The validator's step now keeps the experts' gate and up projections as two arrays (MaxText's
+wi_0 / wi_1; they had been one [e, d, 2, f] array): fsdp 8 went from 46.11 to 44.75 GB, ep 4 from 46.10 to
+46.31 GB, Mixtral's two plans did not move. Both programs all-reduce each MoE layer's full expert gradient over
+the 8 chips, straight off the megablox weight-gradient kernel, where the cost model lists a reduce-scatter (the
+all-reduce row of the fsdp 8 plan: the same bytes by the validator's count).
 XLA:TPU's memory_analysis() reports 2.5-6.2 GB more temp than the buffer assignment it dumps (sum of
 *buffer-assignment.txt allocations, e.g. 32.57 vs 38.76 GB on MaxText's ep row, 38.17 vs 43.01 GB on llama3-8b
 fsdp 4 full); the loop rules above were read off memory_analysis() and absorb that difference. Its
 peak_memory_in_bytes (mem:xla_peak in the results json) follows the buffer assignment and sits 2.1-8.2 GB below
 argument + output - alias + temp on every plan here; the comparison keeps the latter, the total MaxText prints
-(maxtext/utils/max_utils.py), and the cost model is 10-27% above XLA's peak figure (the pipeline plan: +54%).
+(maxtext/utils/max_utils.py), and the cost model is 7-27% above XLA's peak figure (the pipeline plan: +54%).
 Collectives: all-gather bytes within 8% on every plan (weights forward and backward; under tp the norm outputs
 gathered before the column-split matmuls and again in the backward pass); the embedding rows' all-to-all exact.
 reduce-scatter: XLA reduces the bf16 gradient of the compute copy (2 B/param; the cost model counts that since
