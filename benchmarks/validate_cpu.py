@@ -63,8 +63,11 @@ NOTES = """
 #    layer, not 4: the routed tokens are no named checkpoint; selective ep2-fsdp2-tp2 all-to-all -25 % / -29 % on
 #    deepseek / mixtral, now exact); MLA's down-projections are not split over tp (MaxText maps their latent axes
 #    to no mesh axis, Megatron-Core duplicates them): weights, per-chip FLOPs and hardware FLOPs count them on
-#    every tp rank (dense MLA, tp 4: FLOPs -10.6 % -> -1.0 %). Its row: FLOPs -0.5 %, memory +8.6 % (temp +13 %:
+#    every tp rank (dense MLA, tp 4: FLOPs -10.6 % -> -1.0 %). Its row: FLOPs -0.5 %, memory +7.2 % (temp +11 %:
 #    the shared expert's and the dense layer's intermediates counted in full), collectives exact.
+#  - the routed experts' gate and up weights are two arrays since 2026-12-01 (MaxText's wi_0 / wi_1, for the TPU
+#    compile); the capacity-routed step stacks them for one matmul, one more copy of a layer's expert inputs:
+#    moe-ep4-dp2-full memory -3.6 % -> -5.4 %, deepseek-ep4-dp2-selective +8.6 % -> +7.2 %.
 #  - sliding windows (no preset has one; tests and the equality check use llama3-8b with Gemma 3's pattern): the
 #    blockwise attention skips the blocks outside the window; FLOPs within 2 % on the plans tried.
 # Outside this set (benchmarks/validate_sweep.py: 4 model families x 13 meshes x 3 remat policies, 120 plans;

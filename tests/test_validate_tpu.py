@@ -99,6 +99,23 @@ def test_small_dropless_moe_on_v5p_compiles():
 
 
 @pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install 'jax[tpu]')")
+def test_small_deepseek_layout_on_v5p_compiles():
+    """DeepSeek's layout (MLA without a query latent, a dense first layer, routed experts beside a shared one),
+    each run of alike layers scanned as a stack of its own: FLOPs (the megablox excess of the routed experts only)
+    and state as the cost model counts them."""
+    from planner.validate.tpu import validate_tpu
+
+    ds = replace(SMALL, name="small-deepseek", n_layers=5, n_experts=8, experts_per_token=2, moe_ffn_dim=1024,
+                 n_shared_experts=1, n_dense_layers=1, head_dim=192, kv_lora_rank=256, qk_rope_head_dim=64,
+                 v_head_dim=128)
+    r = validate_tpu("small-deepseek", ds, Plan(fsdp=2, ep=4, remat=parse_remat("full")), 1024, "tpu-v5p:2x2x2")
+    assert not r.error, r.error
+    checks = {c.quantity: c for c in r.checks}
+    assert abs(checks["state_bytes"].error_pct) <= TOLERANCE_PCT["state_bytes"], checks["state_bytes"]
+    assert abs(checks["flops"].error_pct) <= TOLERANCE_PCT["flops"], checks["flops"]
+
+
+@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install 'jax[tpu]')")
 def test_small_pipeline_on_v5p_compiles():
     """GPipe stages (shard_map over pp, ppermute) compile for the TPU; FLOPs (with the bubble ticks), state and the
     stage-to-stage shifts as the cost model counts them."""
