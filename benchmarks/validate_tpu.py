@@ -101,16 +101,16 @@ full): when the forward layer loop starts, XLA holds the bf16 weight stacks twic
 transposed copy for the backward's matmuls, 3.49 GB each), and no second checkpoint stack; the cost model's one
 bf16 copy plus a second stack come to a similar total (-2.7%). Under tp (llama3-8b tp 2), the same two copies
 (1.75 GB each) and one checkpoint stack.
-MoE (mixtral-8x7b, top-2 of 8, v5p 2x4x4, added after the rules above; `--target` compiled MoE models whose
-layers are all alike then, DeepSeek's layout too since the tenth session, below): FLOPs within 0.1% and state exact. Three cost-model changes came from MaxText's source and
-compiles (ep 2, 4 and 8, benchmarks/maxtext_memory/NOTES.md, "Expert parallelism"): (1) its `embed` sharding rule
-lists the `expert` axis, so ep shards the non-expert weights like fsdp (they had been counted replicated over ep;
-the validator shards them so too, and their gradients are reduce-scattered with the layer instead of all-reduced
-over ep); (2) its dropless routing sizes the ragged all-to-all's receive buffer, and with it the experts'
-operands, for the worst case, min(ep, experts / top_k) times the balanced rows
-(costmodel.memory.routed_buffer_factor); (3) the grouped matmuls' backward holds the gradients of the experts'
-intermediates beside them at that size. The ep row went from -18.5% (1 alone) to -12.0% (1, 2) to -4.7% against
-MaxText.
+MoE (mixtral-8x7b, top-2 of 8, v5p 2x4x4, added after the rules above; `--target` compiled MoE models whose layers
+are all alike then, DeepSeek's layout too since the tenth session, below): FLOPs within 0.1% and state exact. Three
+cost-model changes came from MaxText's source and compiles (ep 2, 4 and 8, benchmarks/maxtext_memory/NOTES.md,
+"Expert parallelism"): (1) its `embed` sharding rule lists the `expert` axis, so ep shards the non-expert weights
+like fsdp (they had been counted replicated over ep; the validator shards them so too, and their gradients are
+reduce-scattered with the layer instead of all-reduced over ep); (2) its dropless routing sizes the ragged
+all-to-all's receive buffer, and with it the experts' operands, for the worst case, min(ep, experts / top_k) times
+the balanced rows (costmodel.memory.routed_buffer_factor); (3) the grouped matmuls' backward holds the gradients of
+the experts' intermediates beside them at that size. The ep row went from -18.5% (1 alone) to -12.0% (1, 2) to -4.7%
+against MaxText.
 The validator's TPU step now routes dropless as MaxText does (planner.validate.model.moe_dropless: each chip sorts
 its routed copies by expert, a ragged all-to-all over ep into the worst-case buffer, megablox grouped matmuls,
 the experts all-gathered over fsdp inside the shard_map), so one prediction serves both; it had routed with

@@ -53,10 +53,7 @@ def scanned_grads(cfg, mesh, params: dict, tokens, targets) -> tuple[float, dict
     from planner.validate.tpu import scanned_step
 
     fn, _ = scanned_step(replace(cfg, grad_clip=1e30), mesh)
-    runs, start = [], 0
-    for _, n in layer_groups(cfg.model):
-        runs.append((start, n))
-        start += n
+    runs = [(s, n) for _, s, n in layer_groups(cfg.model)]
     host = jax.tree.map(np.asarray, params)
     stacked = dict(host, layers=[jax.tree.map(lambda *a: np.stack(a), *host["layers"][s:s + n]) for s, n in runs])
     zeros = jax.tree.map(np.zeros_like, stacked)

@@ -81,16 +81,16 @@ def expert_in(m: ModelSpec) -> tuple[str, ...]:
     return ("wi_0", "wi_1") if m.gated_mlp else ("wi_0",)
 
 
-def layer_groups(m: ModelSpec) -> list[tuple[bool, int]]:
-    """Runs of alike layers, in order: (routed, count). DeepSeek's layout is a dense run then a MoE run; MaxText
-    scans each run as a stack of its own (dense_layers, moe_layers)."""
-    out: list[tuple[bool, int]] = []
+def layer_groups(m: ModelSpec) -> list[tuple[bool, int, int]]:
+    """Runs of alike layers, in order: (routed, first layer, count). DeepSeek's layout is a dense run then a MoE
+    run; MaxText scans each run as a stack of its own (dense_layers, moe_layers)."""
+    out: list[tuple[bool, int, int]] = []
     for i in range(m.n_layers):
         moe = layer_is_moe(m, i)
         if out and out[-1][0] == moe:
-            out[-1] = (moe, out[-1][1] + 1)
+            out[-1] = (moe, out[-1][1], out[-1][2] + 1)
         else:
-            out.append((moe, 1))
+            out.append((moe, i, 1))
     return out
 
 

@@ -181,7 +181,7 @@ def main_group(m: ModelSpec) -> int:
     from planner.validate.model import layer_groups
 
     groups = layer_groups(m)
-    return max(range(len(groups)), key=lambda g: groups[g][1])
+    return max(range(len(groups)), key=lambda g: groups[g][2])
 
 
 def scanned_step(cfg, mesh, unroll: int = 1):
@@ -211,23 +211,22 @@ def scanned_step(cfg, mesh, unroll: int = 1):
     m, cdt = cfg.model, cfg.cdt
     sh = Sharder(mesh, cfg.plan)
     groups = layer_groups(m)
-    firsts = [sum(n for _, n in groups[:g]) for g in range(len(groups))]  # a layer of each group
     main = main_group(m)
 
     def stacked_specs(moments: bool) -> dict:
         s = param_specs(cfg, moments)
-        s["layers"] = [{k: P(None, *v) for k, v in s["layers"][i].items()} for i in firsts]
+        s["layers"] = [{k: P(None, *v) for k, v in s["layers"][i].items()} for _, i, _ in groups]
         return jax.tree.map(lambda x: NamedSharding(mesh, x), s, is_leaf=lambda x: isinstance(x, P))
 
     def stacked_shapes() -> dict:
-        one = init_params(replace(cfg, model=replace(m, n_layers=firsts[-1] + 1)), shapes_only=True)
+        one = init_params(replace(cfg, model=replace(m, n_layers=groups[-1][1] + 1)), shapes_only=True)
         one["layers"] = [{k: jax.ShapeDtypeStruct((n, *v.shape), v.dtype) for k, v in one["layers"][i].items()}
-                         for i, (_, n) in zip(firsts, groups, strict=True)]
+                         for _, i, n in groups]
         return one
 
     p_sh, m_sh = stacked_specs(False), stacked_specs(True)
     rep, b_sh = NamedSharding(mesh, P()), NamedSharding(mesh, P(BATCH, "cp"))
-    layers = [layer_fn(cfg, sh, moe) for moe, _ in groups]
+    layers = [layer_fn(cfg, sh, moe) for moe, _, _ in groups]
 
     def loss(params, tokens, targets):
         p = {k: v.astype(cdt) for k, v in params.items() if k != "layers"}
@@ -455,7 +454,7 @@ def _compile_figures(res: TpuResult, m_full: ModelSpec, plan: Plan, job: Job, de
         # is scanned (scanned_step)
         from planner.validate.model import layer_groups
 
-        n = layer_groups(m_full)[main_group(m_full)][1]
+        n = layer_groups(m_full)[main_group(m_full)][2]
         body = (b.flops - a.flops) / (2 if n % 2 else 1)
         res.full["flops"] = a.flops + (n - 1) * body
         res.per_layer["flops"] = body
