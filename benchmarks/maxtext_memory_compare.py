@@ -39,7 +39,10 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            "trillium-l31-8b_v6e8_b3_s8192_custom", "trillium-l31-70b_v6e64_b2_s8192_custom",
            # the fit check's boundary on v6e, compiled after the fit floor was set (two fit, two refused)
            "l3-8b_v6e8_b2_s8192_full", "l3-8b_v6e8_b1_s8192_savedotexceptmlp", "l3-8b_v6e8_b3_s8192_full",
-           "l3-8b_v6e8_b2_s8192_saveqkv")
+           "l3-8b_v6e8_b2_s8192_saveqkv",
+           # MLA under tp and under a minimal remat policy (DeepSeek-V2-Lite), compiled after the MLA rules were
+           # read off MaxText's source (2026-12-01, tenth session)
+           "deepseek2-16b_v5p16_b0.5_s4096_full_tp2", "deepseek2-16b_v5p16_b1_s4096_minimal")
 # benchmarks/validate_tpu.py's plans as MaxText runs them (added 2026-12-01; the two DeepSeek-V2-Lite ones in the
 # tenth session, compiled after every rule); the tensor-parallel loop buffer of costmodel.memory.xla_loop_extra_bytes
 # was revised after the dense ones (it had been read off one tp config).

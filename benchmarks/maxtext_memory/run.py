@@ -152,6 +152,10 @@ CONFIGS: list[Config] = [
     Config("deepseek2-16b_v5p16_b1_s4096_full", "deepseek2-16b", "v5p-16", 1, 4096, "full"),
     Config("deepseek2-16b_v5p16_b1_s4096_full_ep4", "deepseek2-16b", "v5p-16", 1, 4096, "full",
            extra={"ici_expert_parallelism": 4}),
+    # MLA's tensor-parallel and remat rules (costmodel: down-projections on every tp rank, rerun under any remat),
+    # read off MaxText's source, against its compile (holdout)
+    Config("deepseek2-16b_v5p16_b0.5_s4096_full_tp2", "deepseek2-16b", "v5p-16", 0.5, 4096, "full", tensor=2),
+    Config("deepseek2-16b_v5p16_b1_s4096_minimal", "deepseek2-16b", "v5p-16", 1, 4096, "minimal"),
     # published v6e recipes that ran (tpu-recipes-v6e rows of runs_dev.csv) and that the cost model predicted over
     # the chip's HBM (32.8 and 33.9 GiB against 30.4 usable): what MaxText's own compile holds
     Config("trillium-l31-8b_v6e8_b3_s8192_custom", "llama3.1-8b", "v6e-8", 3, 8192, "custom",
