@@ -61,6 +61,7 @@ PLANS = [
     ("ds2-lite_v5p16_fsdp8_minimal_s4096", "deepseek-v2-lite-16b", "tpu-v5p:2x2x2", 4096,
      Plan(fsdp=8, remat=parse_remat("minimal"))),
 ]
+PLAN_BY_NAME = {p[0]: p for p in PLANS}
 GB = 1e9
 NOTES = """
 How to read it: pred = costmodel.estimate (maxtext convention, the chip's profile) for the full model, one
@@ -216,7 +217,7 @@ def current_cost(name: str):
     from hardware.catalog import load_hardware
     from planner.validate.tpu import parse_target, tpu_job
 
-    _, model, target, seq, plan = next(p for p in PLANS if p[0] == name)
+    _, model, target, seq, plan = PLAN_BY_NAME[name]
     t = parse_target(target)
     return estimate(load_model(model), load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
 
@@ -225,7 +226,7 @@ def current_flops(name: str) -> float:
     """The FLOPs per chip planner.validate.tpu predicts for a plan of PLANS, with the current cost model."""
     from planner.validate.tpu import predicted_flops, tpu_job
 
-    _, model, _, seq, plan = next(p for p in PLANS if p[0] == name)
+    _, model, _, seq, plan = PLAN_BY_NAME[name]
     return predicted_flops(load_model(model), tpu_job(plan, seq), plan, current_cost(name).hardware_flops_per_step)[0]
 
 

@@ -175,15 +175,6 @@ class TpuResult:
         return sum(c.compile_s for c in self.compiles)
 
 
-def main_group(m: ModelSpec) -> int:
-    """Index of the longest run of alike layers (planner.validate.model.layer_groups): the one scanned with
-    `unroll` layers per iteration; the others (DeepSeek's leading dense layers) are unrolled whole."""
-    from planner.validate.model import layer_groups
-
-    groups = layer_groups(m)
-    return max(range(len(groups)), key=lambda g: groups[g][2])
-
-
 def scanned_step(cfg, mesh, unroll: int = 1):
     """The validator's step with the layers under `jax.lax.scan` over stacked [L, ...] fp32 parameters, as MaxText
     runs it (scan_layers=true): (jitted step, abstract inputs). Each run of alike layers is a stack of its own
@@ -211,7 +202,7 @@ def scanned_step(cfg, mesh, unroll: int = 1):
     m, cdt = cfg.model, cfg.cdt
     sh = Sharder(mesh, cfg.plan)
     groups = layer_groups(m)
-    main = main_group(m)
+    main = max(range(len(groups)), key=lambda g: groups[g][2])  # the longest run: scanned `unroll` at a time
 
     def stacked_specs(moments: bool) -> dict:
         s = param_specs(cfg, moments)
@@ -454,7 +445,7 @@ def _compile_figures(res: TpuResult, m_full: ModelSpec, plan: Plan, job: Job, de
         # is scanned (scanned_step)
         from planner.validate.model import layer_groups
 
-        n = layer_groups(m_full)[main_group(m_full)][2]
+        n = max(count for _, _, count in layer_groups(m_full))
         body = (b.flops - a.flops) / (2 if n % 2 else 1)
         res.full["flops"] = a.flops + (n - 1) * body
         res.per_layer["flops"] = body
