@@ -190,26 +190,47 @@ def has_jax():
     pytest.importorskip("jax")
 
 
+def test_scanned_step_groups_blocks_of_a_local_global_pattern(has_jax):
+    from dataclasses import replace
+
+    from planner.validate.model import layer_groups, layer_stacks
+
+    # 14 layers of five local then one global: two blocks of six, then two local layers (a shorter block)
+    m = replace(load_model("llama3-8b"), n_layers=14, sliding_window=1024, local_per_global=5)
+    loc, glob = (False, 1024), (False, 0)
+    assert layer_groups(m) == [((loc,) * 5 + (glob,), 0, 2), ((loc, loc), 12, 1)]
+    assert layer_stacks(m) == [[0, 6], [1, 7], [2, 8], [3, 9], [4, 10], [5, 11], [12], [13]]
+    # every layer local (Mistral's 4096-token window; its preset, like MaxText, attends globally): one run
+    mistral = replace(load_model("mistral-7b"), sliding_window=4096)
+    assert layer_groups(mistral) == [(((False, 4096),), 0, 32)]
+    # DeepSeek-V2-Lite: one dense layer, then 26 MoE layers
+    ds = load_model("deepseek-v2-lite-16b")
+    assert layer_groups(ds) == [(((False, 0),), 0, 1), (((True, 0),), 1, 26)]
+    assert layer_stacks(ds) == [[0], list(range(1, 27))]
+
+
 def test_sharded_step_equals_one_device_step(has_jax):
     r = subprocess.run([sys.executable, "-m", "planner.validate.equality", "--devices", "8", "--only",
                         "cp2-tp2-fsdp2-sp-selective,moe-ep2-tp2-dp2-full,pp2-dp2-fsdp2-selective,"
                         "pp2-dp2-full-scanned,pp4-vpp2-dp2-selective,pp2-vpp2-dp2-full-scanned,"
                         "moe-ep4-fsdp2-none-dropless,moe-shared-dense-ep2-tp2-fsdp2-selective,"
-                        "swa-cp2-tp2-fsdp2-none,layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless"],
+                        "swa-cp2-tp2-fsdp2-none,layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless,"
+                        "layer-scan-swa-cp2-tp2-fsdp2-full"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 10  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
+    assert len(rows) == 11  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
     # the same schedule as one lax.scan over the ticks; the fifth and sixth: MaxText's circular pipeline (vpp 2,
     # the micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned; the seventh: MaxText's
     # dropless MoE (ragged all-to-all over ep 4, grouped matmuls), which on one device also equals the
     # capacity-routed step given room for every token; then DeepSeek's layout (MLA, a dense layer, then a MoE
-    # layer with a shared expert); a sliding-window layer and a global one under cp; the last: the TPU compile's
-    # step (one lax.scan per run of alike layers: DeepSeek-V2-Lite's dense layer, then two MoE layers)
+    # layer with a shared expert); a sliding-window layer and a global one under cp; the last two: the TPU
+    # compile's step (one lax.scan per run of alike blocks: DeepSeek-V2-Lite's dense layer, then two MoE layers;
+    # two blocks of a local and a global layer, then a local layer)
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row
-    for dropless in (rows[6], rows[-1]):
+    for dropless in (rows[6], rows[9]):
         assert dropless["capacity_loss_diff"] < 1e-5 and dropless["capacity_grad_rel_err"] < 1e-4, dropless
 
 

@@ -35,32 +35,39 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     # latent, a dense layer, then two MoE layers with shared experts), one lax.scan per run of alike layers, dropless
     ("layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless", "deepseek-v2-lite-16b",
      Plan(ep=2, fsdp=2, tp=2, remat=remat_policy("full"))),
+    # the same scanned step over a local/global attention pattern: one block per period (a local and a global
+    # layer), five layers: two blocks scanned, then a last local layer of its own
+    ("layer-scan-swa-cp2-tp2-fsdp2-full", "llama3-8b+swa", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("full"))),
 ]
 LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2, "swa-cp2-tp2-fsdp2-none": 2,  # more than one layer
-          "layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless": 3}
+          "layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless": 3, "layer-scan-swa-cp2-tp2-fsdp2-full": 5}
 
 
 def scanned_grads(cfg, mesh, params: dict, tokens, targets) -> tuple[float, dict]:
-    """Loss and gradients of the TPU compile's step (planner.validate.tpu.scanned_step: one stack per run of
-    alike layers) for the unrolled step's parameters, read back as the unrolled layer list. The step runs one
+    """Loss and gradients of the TPU compile's step (planner.validate.tpu.scanned_step: stacks per run of alike
+    blocks of layers) for the unrolled step's parameters, read back as the unrolled layer list. The step runs one
     Adam update from zero moments: the gradient is mu / (1 - b1) (clipping off)."""
     from dataclasses import replace
 
     import jax
     import numpy as np
 
-    from planner.validate.model import ADAM, layer_groups
+    from planner.validate.model import ADAM, layer_stacks
     from planner.validate.tpu import scanned_step
 
     fn, _ = scanned_step(replace(cfg, grad_clip=1e30), mesh)
-    runs = [(s, n) for _, s, n in layer_groups(cfg.model)]
+    stacks = layer_stacks(cfg.model)
     host = jax.tree.map(np.asarray, params)
-    stacked = dict(host, layers=[jax.tree.map(lambda *a: np.stack(a), *host["layers"][s:s + n]) for s, n in runs])
+    stacked = dict(host, layers=[jax.tree.map(lambda *a: np.stack(a), *[host["layers"][i] for i in idx])
+                                 for idx in stacks])
     zeros = jax.tree.map(np.zeros_like, stacked)
     _, opt, loss = fn(stacked, {"mu": zeros, "nu": zeros, "count": np.zeros((), np.int32)}, tokens, targets)
     g = jax.tree.map(lambda a: np.asarray(a) / (1 - ADAM["b1"]), opt["mu"])
-    g["layers"] = [{k: v[i] for k, v in stack.items()} for stack, (_, n) in zip(g["layers"], runs, strict=True)
-                   for i in range(n)]
+    layers = [{}] * len(host["layers"])
+    for stack, idx in zip(g["layers"], stacks, strict=True):
+        for b, i in enumerate(idx):
+            layers[i] = {k: v[b] for k, v in stack.items()}
+    g["layers"] = layers
     return float(loss), g
 
 

@@ -81,17 +81,34 @@ def expert_in(m: ModelSpec) -> tuple[str, ...]:
     return ("wi_0", "wi_1") if m.gated_mlp else ("wi_0",)
 
 
-def layer_groups(m: ModelSpec) -> list[tuple[bool, int, int]]:
-    """Runs of alike layers, in order: (routed, first layer, count). DeepSeek's layout is a dense run then a MoE
-    run; MaxText scans each run as a stack of its own (dense_layers, moe_layers)."""
-    out: list[tuple[bool, int, int]] = []
-    for i in range(m.n_layers):
-        moe = layer_is_moe(m, i)
-        if out and out[-1][0] == moe:
-            out[-1] = (moe, out[-1][1], out[-1][2] + 1)
+LayerKind = tuple[bool, int]  # (routed to experts, sliding window: 0 for global attention)
+
+
+def layer_kind(m: ModelSpec, i: int) -> LayerKind:
+    return layer_is_moe(m, i), layer_window(m, i)
+
+
+def layer_groups(m: ModelSpec) -> list[tuple[tuple[LayerKind, ...], int, int]]:
+    """Runs of alike blocks of layers, in order: (the block's layer kinds, first layer, blocks). A block is one
+    layer, or one period of a local/global attention pattern (Gemma 3: five local layers, then a global one,
+    which MaxText scans as one block); DeepSeek's layout is a run of dense layers, then a run of MoE layers
+    (MaxText's dense_layers / moe_layers). A depth that is no multiple of the period ends in a shorter block."""
+    period = m.local_per_global + 1 if m.sliding_window else 1
+    out: list[tuple[tuple[LayerKind, ...], int, int]] = []
+    for first in range(0, m.n_layers, period):
+        kinds = tuple(layer_kind(m, i) for i in range(first, min(first + period, m.n_layers)))
+        if out and out[-1][0] == kinds:
+            out[-1] = (kinds, out[-1][1], out[-1][2] + 1)
         else:
-            out.append((moe, i, 1))
+            out.append((kinds, first, 1))
     return out
+
+
+def layer_stacks(m: ModelSpec) -> list[list[int]]:
+    """The layers of each stacked parameter array of the scanned step, in order: for every run of layer_groups,
+    one stack per position in its block (Gemma 3: six stacks of n / 6 layers each)."""
+    return [[first + b * len(kinds) + j for b in range(count)]
+            for kinds, first, count in layer_groups(m) for j in range(len(kinds))]
 
 
 def single_device_plan(plan: Plan) -> Plan:
@@ -495,7 +512,7 @@ def loss_fn(cfg: Setup, sh: Sharder, params: dict, tokens, targets):
     p = jax.tree.map(lambda a: a.astype(cdt), params)  # the compute copy of the weights
     x = embed(cfg, sh, p["embed"], tokens)
     m = cfg.model
-    kinds = [(layer_is_moe(m, i), layer_window(m, i)) for i in range(len(p["layers"]))]
+    kinds = [layer_kind(m, i) for i in range(len(p["layers"]))]
     fs = {kind: layer_fn(cfg, sh, *kind) for kind in set(kinds)}
     for kind, lp in zip(kinds, p["layers"], strict=True):  # unrolled: XLA's cost analysis counts a scanned body once
         x = fs[kind](lp, x)

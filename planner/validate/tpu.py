@@ -177,11 +177,12 @@ class TpuResult:
 
 def scanned_step(cfg, mesh, unroll: int = 1):
     """The validator's step with the layers under `jax.lax.scan` over stacked [L, ...] fp32 parameters, as MaxText
-    runs it (scan_layers=true): (jitted step, abstract inputs). Each run of alike layers is a stack of its own
-    (DeepSeek: the dense layers, then the MoE layers, as MaxText's dense_layers / moe_layers); the longest run is
-    scanned with `unroll` layers per iteration, the others unrolled whole (so that XLA's cost analysis counts
-    them). The layer body, remat policy, attention, loss and Adam are planner.validate.model's; each layer's
-    weights are cast to bf16 inside the scanned body."""
+    runs it (scan_layers=true): (jitted step, abstract inputs). Each run of alike blocks is scanned over stacks of
+    its own (planner.validate.model.layer_groups; DeepSeek: the dense layers, then the MoE layers, as MaxText's
+    dense_layers / moe_layers; a local/global attention pattern: one block per period, a stack per position in
+    it); the longest run is scanned with `unroll` blocks per iteration, the others unrolled whole (so that XLA's
+    cost analysis counts them). The layer body, remat policy, attention, loss and Adam are
+    planner.validate.model's; each layer's weights are cast to bf16 inside the scanned body."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -196,37 +197,43 @@ def scanned_step(cfg, mesh, unroll: int = 1):
         init_params,
         layer_fn,
         layer_groups,
+        layer_stacks,
         param_specs,
     )
 
     m, cdt = cfg.model, cfg.cdt
     sh = Sharder(mesh, cfg.plan)
-    groups = layer_groups(m)
+    groups, stacks = layer_groups(m), layer_stacks(m)
     main = max(range(len(groups)), key=lambda g: groups[g][2])  # the longest run: scanned `unroll` at a time
 
     def stacked_specs(moments: bool) -> dict:
         s = param_specs(cfg, moments)
-        s["layers"] = [{k: P(None, *v) for k, v in s["layers"][i].items()} for _, i, _ in groups]
+        s["layers"] = [{k: P(None, *v) for k, v in s["layers"][idx[0]].items()} for idx in stacks]
         return jax.tree.map(lambda x: NamedSharding(mesh, x), s, is_leaf=lambda x: isinstance(x, P))
 
     def stacked_shapes() -> dict:
-        one = init_params(replace(cfg, model=replace(m, n_layers=groups[-1][1] + 1)), shapes_only=True)
-        one["layers"] = [{k: jax.ShapeDtypeStruct((n, *v.shape), v.dtype) for k, v in one["layers"][i].items()}
-                         for _, i, n in groups]
+        depth = max(idx[0] for idx in stacks) + 1  # enough layers to hold each stack's first
+        one = init_params(replace(cfg, model=replace(m, n_layers=depth)), shapes_only=True)
+        one["layers"] = [{k: jax.ShapeDtypeStruct((len(idx), *v.shape), v.dtype)
+                          for k, v in one["layers"][idx[0]].items()} for idx in stacks]
         return one
 
     p_sh, m_sh = stacked_specs(False), stacked_specs(True)
     rep, b_sh = NamedSharding(mesh, P()), NamedSharding(mesh, P(BATCH, "cp"))
-    layers = [layer_fn(cfg, sh, moe) for moe, _, _ in groups]
+    fns = {kind: layer_fn(cfg, sh, *kind) for kinds, _, _ in groups for kind in kinds}
 
     def loss(params, tokens, targets):
         p = {k: v.astype(cdt) for k, v in params.items() if k != "layers"}
         x = embed(cfg, sh, p["embed"], tokens)
-        for g, (layer, stack) in enumerate(zip(layers, params["layers"], strict=True)):
-            def body(x, lp, layer=layer):
-                return layer(jax.tree.map(lambda a: a.astype(cdt), lp), x), None
+        at = 0  # the run's first stack
+        for g, (kinds, _, _) in enumerate(groups):
+            def body(x, lps, kinds=kinds):
+                for kind, lp in zip(kinds, lps, strict=True):
+                    x = fns[kind](jax.tree.map(lambda a: a.astype(cdt), lp), x)
+                return x, None
 
-            x, _ = jax.lax.scan(body, x, stack, unroll=unroll if g == main else True)
+            x, _ = jax.lax.scan(body, x, params["layers"][at:at + len(kinds)], unroll=unroll if g == main else True)
+            at += len(kinds)
         return head_loss(cfg, sh, p, x, targets)
 
     def train_step(params, opt, tokens, targets):
@@ -399,13 +406,14 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
         if m.is_moe:
             raise InputError(f"--pp: the TPU compile runs pipeline stages of dense models; {m.name} is MoE "
                              "(use --pp 1)")
+        if m.sliding_window and m.local_per_global:
+            raise InputError(f"--pp: the TPU compile's pipeline stages run alike layers; {m.name}'s local/global "
+                             "attention pattern is not supported there (use --pp 1, or validate it on the CPU "
+                             "devices: drop --target)")
         if m.n_layers % (plan.pp * plan.vpp):
             what = f"pp={plan.pp}" + (f" x vpp={plan.vpp}" if plan.vpp > 1 else "")
             raise InputError(f"--pp: {m.name}'s {m.n_layers} layers do not split evenly over {what} chunks; use "
                              f"a pp{' x vpp' if plan.vpp > 1 else ''} that divides {m.n_layers}")
-    if m.sliding_window:
-        raise InputError(f"--target: the TPU compile scans runs of alike layers; {m.name}'s sliding-window "
-                         "layers are not supported there (validate it on the CPU devices: drop --target)")
     if seq_len % plan.cp:
         raise InputError(f"--seq-len: {seq_len} is not divisible by cp={plan.cp}")
     if m.n_kv_heads % plan.tp:
@@ -435,14 +443,14 @@ def _compile_figures(res: TpuResult, m_full: ModelSpec, plan: Plan, job: Job, de
         res.full.update({k: v for k, v in _flat(res.compiles[-1]).items() if k.startswith("mem:")})
         how = (f"the full {m_full.n_layers} layers, pipeline ticks under lax.scan (FLOPs and collectives: ticks "
                f"unrolled, extrapolated from {chunks} and {2 * chunks} layers)")
-    elif scan:  # full depth, twice: one layer per scan iteration, then two (FLOPs: the body's share)
+    elif scan:  # full depth, twice: one block per scan iteration, then two (FLOPs: the body's share)
         for u in (1, 2):
             res.compiles.append(compile_step(m_full, plan, job, devices, block, True, u))
         a, b = res.compiles
         res.full, res.per_layer = _flat(a), {}
-        # XLA's cost analysis counts a while body once: F2 - F1 is one more layer (with an odd depth, scan's
-        # unroll=2 adds a one-layer remainder outside the loop: two more); only the longest run of alike layers
-        # is scanned (scanned_step)
+        # XLA's cost analysis counts a while body once: F2 - F1 is one more block of layers (one layer, or one
+        # period of a local/global pattern; with an odd count, scan's unroll=2 adds a one-block remainder outside
+        # the loop: two more); only the longest run of alike blocks is scanned (scanned_step)
         from planner.validate.model import layer_groups
 
         n = max(count for _, _, count in layer_groups(m_full))
