@@ -49,7 +49,9 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
 VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l3-8b_v5p16_b0.5_s4096_full_tp2",
            "l3-8b_v6e8_b1_s8192_saveqkv", "l3-8b_v6e8_b0.5_s8192_full_cp2", "l2-70b_v5p64_b1_s4096_full",
            "l2-70b_v6e64_b0.5_s4096_full_tp2", "mixtral-8x7b_v5p64_b1_s4096_full_ep4",
-           "deepseek2-16b_v5p16_b1_s4096_full", "deepseek2-16b_v5p16_b1_s4096_full_ep4")
+           "deepseek2-16b_v5p16_b1_s4096_full", "deepseek2-16b_v5p16_b1_s4096_full_ep4",
+           # Gemma 3 12B's sliding windows (2026-12-02, eleventh session, compiled after every rule)
+           "gemma3-12b_v5p16_b1_s4096_full")
 
 
 def model_from_row(r: dict[str, str]) -> ModelSpec:
@@ -60,8 +62,14 @@ def model_from_row(r: dict[str, str]) -> ModelSpec:
     head_dim = int(r["qk_nope_head_dim"]) + int(r["qk_rope_head_dim"]) if mla else int(r["head_dim"])
     mla_fields = dict(q_lora_rank=int(r["q_lora_rank"]), kv_lora_rank=int(r["kv_lora_rank"]),
                       qk_rope_head_dim=int(r["qk_rope_head_dim"]), v_head_dim=int(r["v_head_dim"])) if mla else {}
+    # sliding windows (sliding_window_size; read only when the row has it): MaxText's gemma3 decoder block runs
+    # five local layers, then a global one (models/gemma3.py, GEMMA3_ATTENTION_PATTERN); attention_type
+    # local_sliding makes every layer local; otherwise the window is unused
+    window = int(r.get("sliding_window_size") or 0)
+    gemma3, local = r["decoder_block"] == "gemma3", r.get("attention_type") == "local_sliding"
+    window_fields = dict(sliding_window=window if gemma3 or local else 0, local_per_global=5 if gemma3 else 0)
     return ModelSpec(
-        **mla_fields, n_dense_layers=int(r.get("first_num_dense_layers") or 0) if experts > 1 else 0,
+        **mla_fields, **window_fields, n_dense_layers=int(r.get("first_num_dense_layers") or 0) if experts > 1 else 0,
         n_shared_experts=int(r.get("shared_experts") or 0) if experts > 1 else 0,
         name=r["model_name"], n_layers=int(r["num_decoder_layers"]), d_model=int(r["emb_dim"]),
         n_heads=int(r["num_query_heads"]), n_kv_heads=int(r["num_kv_heads"]), head_dim=head_dim,

@@ -131,6 +131,32 @@ def test_fit_floor_by_hand():
     assert fit_floor_bytes(b) == 34 + 5 + 4
     assert fit_floor_bytes({**b, "logits": 1.0}) == 34 + 5 + 3
     assert fit_floor_bytes(b, loop_tp=2.0) == 34 + 5 + 2 + 4  # the tp loop buffer XLA's peak holds
+    assert fit_floor_bytes(b, head=3.0) == 34 + 5 + 4 + 3  # the gathered output table joins the loss phase
+
+
+def test_gathered_output_table_by_hand():
+    """The loss phase under FSDP: the gathered bf16 table (V x d) and its bf16 gradient, which replaces the logits
+    once they die, so only its excess over them counts."""
+    from costmodel.memory import head_table_bytes
+
+    # table 1000 x 100 = 100,000 elements, logits 50 tokens x 1000 = 50,000: 2 B x 100,000 + 2 B x 50,000
+    assert head_table_bytes(50_000, 100_000, gathered=True) == 300_000
+    # logits larger than the table: only the table itself
+    assert head_table_bytes(4_000_000, 100_000, gathered=True) == 200_000
+    # weights not sharded: the table is the weights, its gradient the gradients (counted as state)
+    assert head_table_bytes(50_000, 100_000, gathered=False) == 0
+    # Gemma 3 12B, fsdp 8, one 4096-token sequence per chip: the loss phase outweighs the layer loop, so the fit
+    # floor carries the table (262144 x 3840) and its gradient's excess over the logits (4096 x 262144)
+    from costmodel.catalog import load_model
+
+    g = load_model("gemma3-12b")
+    mem = memory_terms(g, V5P, Job(4096, 8, precision="bf16", framework="maxtext"),
+                       Plan(fsdp=8, micro_batch=1, remat=REMAT_POLICIES["full"]), 1)
+    b = mem.breakdown
+    table, logits = 262144 * 3840, 4096 * 262144
+    assert b["logits"] == pytest.approx(4 * logits)  # bf16 logits and their bf16 gradient
+    state = b["weights"] + b["gradients"] + b["optimizer"]
+    assert mem.fit_bytes == pytest.approx(state + b["activations"] + 4 * logits + 2 * table)  # table < logits here
 
 
 def test_fit_check_reads_the_floor_under_maxtext():

@@ -91,6 +91,8 @@ PUBLISHED = [
               input_embedding_excluded),
     Published("deepseek-v2-236b", "total", 236, 0, "DeepSeek-V2 paper: 236B total"),
     Published("deepseek-v2-236b", "active", 21, 0, "DeepSeek-V2 paper: 21B activated", input_embedding_excluded),
+    # Gemma 3 report, Table 1: 10,759M non-embedding (the norms it adds beyond the fields: 0.4M, 0.004%)
+    Published("gemma3-12b", "non_embedding", 10.759, 3, "Gemma 3 Technical Report Table 1: 10,759M non-embedding"),
     Published("deepseek-v2-lite-16b", "total", 15.7, 1, "DeepSeek-V2 paper, Appendix B: DeepSeek-V2-Lite 15.7B total"),
     # (its "2.4B activated" is not reproduced to 0.1B: 2.451B counted without the input embedding, as for V2/V3)
     Published("gpt3-175b", "total", 175.0, 1, "Brown et al. 2020 Table 2.1: 175.0B", gpt_positions_and_biases),

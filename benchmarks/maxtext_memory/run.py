@@ -156,6 +156,9 @@ CONFIGS: list[Config] = [
     # read off MaxText's source, against its compile (holdout)
     Config("deepseek2-16b_v5p16_b0.5_s4096_full_tp2", "deepseek2-16b", "v5p-16", 0.5, 4096, "full", tensor=2),
     Config("deepseek2-16b_v5p16_b1_s4096_minimal", "deepseek2-16b", "v5p-16", 1, 4096, "minimal"),
+    # sliding windows (Gemma 3 12B: five 1024-token local layers per global one, 262K vocabulary, tied): the
+    # validator's Gemma 3 TPU plan (added 2026-12-02, eleventh session, after every memory rule)
+    Config("gemma3-12b_v5p16_b1_s4096_full", "gemma3-12b", "v5p-16", 1, 4096, "full"),
     # published v6e recipes that ran (tpu-recipes-v6e rows of runs_dev.csv) and that the cost model predicted over
     # the chip's HBM (32.8 and 33.9 GiB against 30.4 usable): what MaxText's own compile holds
     Config("trillium-l31-8b_v6e8_b3_s8192_custom", "llama3.1-8b", "v6e-8", 3, 8192, "custom",
@@ -324,6 +327,8 @@ MODEL_KEYS = [
     ("attention_type", "attention_type"), ("q_lora_rank", "q_lora_rank"), ("kv_lora_rank", "kv_lora_rank"),
     ("qk_nope_head_dim", "qk_nope_head_dim"), ("qk_rope_head_dim", "qk_rope_head_dim"),
     ("v_head_dim", "v_head_dim"),
+    # sliding windows (added with the gemma3-12b config; decoder_block gemma3: five local layers per global one)
+    ("sliding_window_size", "sliding_window_size"),
 ]
 
 
