@@ -143,6 +143,13 @@ holds 22.45 GB on the validator's pipeline (planner.validate.pipeline, ticks und
 of MaxText's stage buffers it does without was not traced. Here the validator's step is a leaner program than
 MaxText's, not a reading of it; the row stays as a miss. Memory comes
 from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
+MoE in pipeline stages (`--target` compiles them since 2026-12-02; tests/test_validate_tpu.py, a 4-layer model of
+8 experts top-2, v5p 2x2x1, no full-width plan): inside a stage, a region already manual over pp and dp, the step
+routes by capacity (planner.validate.model.moe_mlp), not dropless (a shard_map over the whole mesh), so no megablox
+FLOPs adjustment applies. pp 2 x ep 2: FLOPs -0.4%, state exact, expert all-to-alls, stage shifts, all-reduce and
+reduce-scatter exact, all-gather -23%, memory +20% (the validator's pipeline, leaner than MaxText's, as above).
+pp 2 x fsdp 2: FLOPs -0.4%, reduce-scatter -49% (XLA all-reduces the full expert gradients, as on the MoE plans
+above), memory +29%.
 DeepSeek's layout (DeepSeek-V2-Lite: MLA without a query latent, one dense first layer, 26 MoE layers of 64 routed
 experts top-6 beside 2 shared; v5p 2x2x2, fsdp 8 and fsdp 2 x ep 4; added 2026-12-01, tenth session, after every
 memory rule, none changed for it): `--target` compiles MLA, leading dense layers and shared experts since then,

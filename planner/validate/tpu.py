@@ -265,8 +265,10 @@ def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int =
     from planner.validate.model import Setup, build_step
 
     mesh = tpu_mesh(plan, devices)
-    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0, dropless=True,
-                scan_pipeline=scan_ticks)
+    # MoE routes dropless as MaxText does (a shard_map over the whole mesh), but inside a pipeline stage, a region
+    # already manual over pp and dp, by capacity (planner.validate.model.moe_mlp)
+    cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0,
+                dropless=plan.pp == 1, scan_pipeline=scan_ticks)
     if scan:
         fn, args = scanned_step(cfg, mesh, unroll)
     else:
@@ -403,9 +405,9 @@ def check_tpu_plan(m: ModelSpec, plan: Plan, seq_len: int, t: Target) -> None:
     if why:
         raise InputError(why)
     if plan.pp > 1:  # (pp micro-batches, tpu_job: the pipeline's micro-batch rules hold)
-        if m.is_moe:
-            raise InputError(f"--pp: the TPU compile runs pipeline stages of dense models; {m.name} is MoE "
-                             "(use --pp 1)")
+        if m.is_moe and m.n_dense_layers:
+            raise InputError(f"--pp: the TPU compile's pipeline stages run alike layers; {m.name}'s leading dense "
+                             "layers before its MoE layers are not supported there (use --pp 1)")
         if m.sliding_window and m.local_per_global:
             raise InputError(f"--pp: the TPU compile's pipeline stages run alike layers; {m.name}'s local/global "
                              "attention pattern is not supported there (use --pp 1, or validate it on the CPU "
@@ -471,9 +473,10 @@ def predicted_flops(m: ModelSpec, job: Job, plan: Plan, hardware_flops_per_step:
                     block: int = 512) -> tuple[float, float]:
     """FLOPs per chip XLA:TPU's cost analysis should count for the validator's step: the cost model's hardware
     FLOPs plus what the step's kernels declare beyond them (flash-attention blocks and recompute, megablox
-    worst-case rows, the pipeline bubble); returns (total, that adjustment)."""
+    worst-case rows of the dropless MoE, the pipeline bubble); returns (total, that adjustment)."""
     extra = flash_flops_adjustment(m, job, plan, block)
-    extra += grouped_matmul_flops_adjustment(m, job, plan)
+    if plan.pp == 1:  # (pipeline stages route by capacity: no grouped matmuls; compile_step)
+        extra += grouped_matmul_flops_adjustment(m, job, plan)
     extra += pipeline_flops_adjustment(m, job, plan, hardware_flops_per_step / plan.chips + extra)
     return hardware_flops_per_step / plan.chips + extra, extra
 
