@@ -159,12 +159,11 @@ class MemoryTerms:
 
 
 def head_table_bytes(logit_elems: float, table_elems: float, gathered: bool) -> float:
-    """What the loss phase holds beyond the bf16 logits and their gradient when the output table is gathered
-    over the weight shards (FSDP): the gathered bf16 table, and its unreduced bf16 gradient, which, made from
-    the logits' gradient after the logits died, replaces them, so only its excess over them counts. Live set:
-    table + logits + their gradient at the softmax, table + the logits' gradient + the table's gradient at the
-    head's backward. Read off Gemma 3 12B's buffer assignment (two bf16[262144, 3840] beside the
-    bf16[4096, 262144] logits; benchmarks/validate_tpu.py, "Sliding windows")."""
+    """Bytes the loss phase holds beside the bf16 logits and their gradient when the output table is sharded over
+    fsdp (gathered: True): the table gathered in bf16, and its unreduced bf16 gradient, where that is larger than
+    the logits it outlives (at the softmax XLA holds table + logits + their gradient; in the head's backward
+    table + the logits' gradient + the table's gradient). Read off Gemma 3 12B's buffer assignment: two
+    bf16[262144, 3840] beside bf16[4096, 262144] logits (benchmarks/validate_tpu.py, "Sliding windows")."""
     if not gathered:
         return 0.0
     return BF16 * table_elems + BF16 * max(0.0, table_elems - logit_elems)

@@ -63,7 +63,7 @@ def scanned_grads(cfg, mesh, params: dict, tokens, targets) -> tuple[float, dict
     zeros = jax.tree.map(np.zeros_like, stacked)
     _, opt, loss = fn(stacked, {"mu": zeros, "nu": zeros, "count": np.zeros((), np.int32)}, tokens, targets)
     g = jax.tree.map(lambda a: np.asarray(a) / (1 - ADAM["b1"]), opt["mu"])
-    layers = [{}] * len(host["layers"])
+    layers: list = [None] * len(host["layers"])
     for stack, idx in zip(g["layers"], stacks, strict=True):
         for b, i in enumerate(idx):
             layers[i] = {k: v[b] for k, v in stack.items()}
