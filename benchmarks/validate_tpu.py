@@ -64,6 +64,10 @@ PLANS = [
     # sliding windows (added 2026-12-02, eleventh session, after every memory rule, none changed for it): Gemma 3
     # 12B, five 1024-token local layers per global one, scanned one period at a time; 262K vocabulary, tied
     ("gemma3-12b_v5p16_fsdp8_full_s4096", "gemma3-12b", "tpu-v5p:2x2x2", 4096, Plan(fsdp=8, remat=parse_remat("full"))),
+    # MoE in pipeline stages (added 2026-12-02, eleventh session): Mixtral, 2 stages of 16 layers, experts over ep
+    # 8, routed by capacity inside the stages
+    ("mixtral_v5p32_pp2_ep8_full_s2048", "mixtral-8x7b", "tpu-v5p:2x2x4", 2048,
+     Plan(pp=2, ep=8, remat=parse_remat("full"))),
 ]
 PLAN_BY_NAME = {p[0]: p for p in PLANS}
 GB = 1e9
@@ -143,13 +147,15 @@ holds 22.45 GB on the validator's pipeline (planner.validate.pipeline, ticks und
 of MaxText's stage buffers it does without was not traced. Here the validator's step is a leaner program than
 MaxText's, not a reading of it; the row stays as a miss. Memory comes
 from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
-MoE in pipeline stages (`--target` compiles them since 2026-12-02; tests/test_validate_tpu.py, a 4-layer model of
-8 experts top-2, v5p 2x2x1, no full-width plan): inside a stage, a region already manual over pp and dp, the step
-routes by capacity (planner.validate.model.moe_mlp), not dropless (a shard_map over the whole mesh), so no megablox
-FLOPs adjustment applies. pp 2 x ep 2: FLOPs -0.4%, state exact, expert all-to-alls, stage shifts, all-reduce and
-reduce-scatter exact, all-gather -23%, memory +20% (the validator's pipeline, leaner than MaxText's, as above).
-pp 2 x fsdp 2: FLOPs -0.4%, reduce-scatter -49% (XLA all-reduces the full expert gradients, as on the MoE plans
-above), memory +29%.
+MoE in pipeline stages (`--target` compiles them since 2026-12-02, eleventh session): inside a stage, a region
+already manual over pp and dp, the step routes by capacity (planner.validate.model.moe_mlp), not dropless (a
+shard_map over the whole mesh), so no megablox FLOPs adjustment applies. Mixtral, pp 2 x ep 8 on v5p 2x2x4, 16
+layers per stage, seq 2048 (predicted 71.08 GB before compiling): FLOPs -0.1%, state exact, the experts'
+all-to-alls, the stage shifts and the reduce-scatter exact, all-reduce -1.2%; all-gather -32.6% (XLA gathers
+12.35 GB where 8.32 GB are counted; not traced); memory +37.8% (51.57 GB: the validator's pipeline, leaner than
+MaxText's, as on the dense pp plan; no MaxText compile of it). A small model (tests/test_validate_tpu.py; 4 layers,
+8 experts top-2, v5p 2x2x1): pp 2 x ep 2 all-gather -23%, memory +20%; pp 2 x fsdp 2 reduce-scatter -49% (XLA
+all-reduces the full expert gradients, as on the MoE plans above), memory +29%.
 DeepSeek's layout (DeepSeek-V2-Lite: MLA without a query latent, one dense first layer, 26 MoE layers of 64 routed
 experts top-6 beside 2 shared; v5p 2x2x2, fsdp 8 and fsdp 2 x ep 4; added 2026-12-01, tenth session, after every
 memory rule, none changed for it): `--target` compiles MLA, leading dense layers and shared experts since then,
