@@ -211,21 +211,9 @@ compile: XLA:TPU needs 81.5 G of temporaries for 31.24 G of HBM (the cost model 
 """
 
 
-def row(r) -> dict:
-    mem = next((c for c in r.checks if c.quantity == "memory_bytes"), None)
-    fl = next((c for c in r.checks if c.quantity == "flops"), None)
-    return {"plan": r.name, "target": r.target.name, "predicted_gb": mem.predicted / GB if mem else None,
-            "tpu_gb": mem.xla / GB if mem else None, "error_pct": mem.error_pct if mem else None,
-            "flops_error_pct": fl.error_pct if fl else None,
-            "temp_gb": r.full.get("mem:temp", 0.0) / GB if r.full else None,
-            "unroll2_gb": r.compiles[1].memory["peak"] / GB if len(r.compiles) > 1 and r.compiles[1].unroll == 2
-            else None,
-            "compile_s": r.compile_s, "error": r.error}
-
-
 def _row_of(x: dict) -> dict:
-    """row() rebuilt from a saved result, with the memory prediction of the current cost model (the XLA:TPU
-    figures are measurements and do not change; the cost model may have)."""
+    """One table row from a result (as compiled now or stored), with the current cost model's predictions (the
+    XLA:TPU figures are measurements and do not change; the cost model may have)."""
     c = {k["quantity"]: k for k in x["checks"]}
     mem, fl = c.get("memory_bytes"), c.get("flops")
     pred, floor = current_prediction_gb(x["plan"]), current_prediction_gb(x["plan"], fit=True)
@@ -380,8 +368,10 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         r = validate_tpu(name, load_model(model), plan, seq, target)
-        rows.append(row(r))
-        results.append({**result_dict(r), "row": rows[-1], "checks": [c.to_dict() for c in r.checks]})
+        x = {**result_dict(r), "checks": [c.to_dict() for c in r.checks]}
+        x["row"] = _row_of(x)
+        results.append(x)
+        rows.append(x["row"])
         print(f"{name}: {'FAILED ' + r.error if r.error else 'ok'} ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr, flush=True)
         if args.out:  # keep what is done so far
