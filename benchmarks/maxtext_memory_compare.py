@@ -51,7 +51,9 @@ VALIDATOR_PLANS = ("l3-8b_v5p8_b1_s4096_full", "l3-8b_v5p8_b1_s4096_minimal", "l
            "l2-70b_v6e64_b0.5_s4096_full_tp2", "mixtral-8x7b_v5p64_b1_s4096_full_ep4",
            "deepseek2-16b_v5p16_b1_s4096_full", "deepseek2-16b_v5p16_b1_s4096_full_ep4",
            # Gemma 3 12B's sliding windows (2026-12-02, eleventh session, compiled after every rule)
-           "gemma3-12b_v5p16_b1_s4096_full")
+           "gemma3-12b_v5p16_b1_s4096_full",
+           # Mixtral in pipeline stages, pp 2 x ep 8 (2026-12-04, twelfth session, compiled after every rule)
+           "mixtral-8x7b_v5p32_b1_s2048_full_pp2_ep8")
 
 
 def model_from_row(r: dict[str, str]) -> ModelSpec:

@@ -159,6 +159,10 @@ CONFIGS: list[Config] = [
     # sliding windows (Gemma 3 12B: five 1024-token local layers per global one, 262K vocabulary, tied): the
     # validator's Gemma 3 TPU plan (added 2026-12-02, eleventh session, after every memory rule)
     Config("gemma3-12b_v5p16_b1_s4096_full", "gemma3-12b", "v5p-16", 1, 4096, "full"),
+    # MoE in pipeline stages: the validator's Mixtral pp 2 x ep 8 TPU plan (added 2026-12-04, twelfth session, after
+    # every memory rule; 2 micro-batches of 8 sequences)
+    Config("mixtral-8x7b_v5p32_b1_s2048_full_pp2_ep8", "mixtral-8x7b", "v5p-32", 1, 2048, "full", fsdp=1,
+           extra={"ici_pipeline_parallelism": 2, "num_layers_per_pipeline_stage": 16, "ici_expert_parallelism": 8}),
     # published v6e recipes that ran (tpu-recipes-v6e rows of runs_dev.csv) and that the cost model predicted over
     # the chip's HBM (32.8 and 33.9 GiB against 30.4 usable): what MaxText's own compile holds
     Config("trillium-l31-8b_v6e8_b3_s8192_custom", "llama3.1-8b", "v6e-8", 3, 8192, "custom",
