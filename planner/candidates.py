@@ -405,7 +405,8 @@ def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: 
                           "rules (tp | n_heads, pp | n_layers or a Megatron uneven split, cp | seq_len)")
     min_shards = chips // limit
     if job.global_batch < min_shards:
-        return InputError(f"--global-batch: {job.global_batch} sequence{'s' * (job.global_batch != 1)} is too small for {chips} chips: one "
+        seqs = f"{job.global_batch} sequence{'s' * (job.global_batch != 1)}"
+        return InputError(f"--global-batch: {seqs} is too small for {chips} chips: one "
                           f"sequence spans at most {limit} chips (tp*cp*pp*ep), so the {min_shards} data-parallel "
                           f"ranks need a global batch of at least {min_shards} (a multiple of it)")
     if cons.fixed or cons.max_tp is not None or cons.slices is not None:
