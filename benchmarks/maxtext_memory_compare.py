@@ -14,6 +14,7 @@ import argparse
 import csv
 import io
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,10 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            "l3-8b_v6e8_b2_s8192_saveqkv",
            # MLA under tp and under a minimal remat policy (DeepSeek-V2-Lite), compiled after the MLA rules were
            # read off MaxText's source (2026-12-01, tenth session)
-           "deepseek2-16b_v5p16_b0.5_s4096_full_tp2", "deepseek2-16b_v5p16_b1_s4096_minimal")
+           "deepseek2-16b_v5p16_b0.5_s4096_full_tp2", "deepseek2-16b_v5p16_b1_s4096_minimal",
+           # the output table's size and tying, one at a time, on llama3-8b over fsdp 8 (twelfth session)
+           "l3-8b_v5p16_b1_s4096_full", "l3-8b_v5p16_b1_s4096_full_tied", "l3-8b_v5p16_b1_s4096_full_v262k",
+           "l3-8b_v5p16_b1_s4096_full_v262k_tied")
 # benchmarks/validate_tpu.py's plans as MaxText runs them (added 2026-12-01; the two DeepSeek-V2-Lite ones in the
 # tenth session, compiled after every rule); the tensor-parallel loop buffer of costmodel.memory.xla_loop_extra_bytes
 # was revised after the dense ones (it had been read off one tp config).
@@ -81,6 +85,18 @@ def model_from_row(r: dict[str, str]) -> ModelSpec:
         moe_ffn_dim=int(r["moe_mlp_dim"] or 0) if experts > 1 else 0)
 
 
+def with_overrides(m: ModelSpec | None, extra: dict[str, str]) -> ModelSpec | None:
+    """The model with the run's model-config overrides (override_model_config=true: vocab_size,
+    logits_via_embedding)."""
+    if m is None:
+        return None
+    if "vocab_size" in extra:
+        m = replace(m, vocab_size=int(extra["vocab_size"]))
+    if "logits_via_embedding" in extra:
+        m = replace(m, tied_embeddings=extra["logits_via_embedding"].lower() == "true")
+    return m
+
+
 def extra_args(text: str) -> dict[str, str]:
     """MaxText overrides recorded in results.csv's extra_args column ('k=v;k=v' or 'k=v k=v')."""
     items = [t for t in text.replace(";", " ").split() if "=" in t]
@@ -116,7 +132,7 @@ def compare() -> list[dict]:
         # stage are not scanned (scan_layers_per_stage: false)
         pp = int(extra.get("ici_pipeline_parallelism", 1))
         n_micro = int(extra.get("num_pipeline_microbatches", pp)) if pp > 1 else 1
-        m = models.get(r["model_name"])
+        m = with_overrides(models.get(r["model_name"]), extra)
         vpp = m.n_layers // (pp * int(extra.get("num_layers_per_pipeline_stage", 1))) if pp > 1 and m else 1
         dp = int(extra.get("ici_data_parallelism", 1))  # replicated weights, optimizer state not sharded over it
         ep = int(extra.get("ici_expert_parallelism", 1))  # experts split over it, the other weights fsdp-like
@@ -125,7 +141,7 @@ def compare() -> list[dict]:
                     remat=remat_of(r["remat_policy"], extra))
         job = Job(seq_len=int(r["max_target_length"]), global_batch=round(b * chips), framework="maxtext",
                   weight_dtype=extra.get("weight_dtype", "float32"), scan_layers=pp == 1)
-        cost = estimate(models[r["model_name"]], chip, job, plan, chips)
+        cost = estimate(m, chip, job, plan, chips)
         row = {"id": r["id"], "chips": chips, "predicted_bytes": cost.peak_memory_bytes, "fits": cost.fits,
                "usable_bytes": cost.hbm_usable_bytes, "fit_bytes": cost.fit_memory_bytes,
                "group": "holdout" if r["id"] in HOLDOUT else "validator" if r["id"] in VALIDATOR_PLANS else "fitted",

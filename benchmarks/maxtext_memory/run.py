@@ -159,6 +159,15 @@ CONFIGS: list[Config] = [
     # sliding windows (Gemma 3 12B: five 1024-token local layers per global one, 262K vocabulary, tied): the
     # validator's Gemma 3 TPU plan (added 2026-12-02, eleventh session, after every memory rule)
     Config("gemma3-12b_v5p16_b1_s4096_full", "gemma3-12b", "v5p-16", 1, 4096, "full"),
+    # the output table's vocabulary and tying, one at a time, on llama3-8b over fsdp 8 (twelfth session: Gemma 3's
+    # 262K tied table was -11 % against MaxText's compile; is it the size or the tying?)
+    Config("l3-8b_v5p16_b1_s4096_full", "llama3-8b", "v5p-16", 1, 4096, "full"),
+    Config("l3-8b_v5p16_b1_s4096_full_tied", "llama3-8b", "v5p-16", 1, 4096, "full",
+           extra={"override_model_config": "true", "logits_via_embedding": "true"}),
+    Config("l3-8b_v5p16_b1_s4096_full_v262k", "llama3-8b", "v5p-16", 1, 4096, "full",
+           extra={"override_model_config": "true", "vocab_size": 262144}),
+    Config("l3-8b_v5p16_b1_s4096_full_v262k_tied", "llama3-8b", "v5p-16", 1, 4096, "full",
+           extra={"override_model_config": "true", "vocab_size": 262144, "logits_via_embedding": "true"}),
     # MoE in pipeline stages: the validator's Mixtral pp 2 x ep 8 TPU plan (added 2026-12-04, twelfth session, after
     # every memory rule; 2 micro-batches of 8 sequences)
     Config("mixtral-8x7b_v5p32_b1_s2048_full_pp2_ep8", "mixtral-8x7b", "v5p-32", 1, 2048, "full", fsdp=1,
