@@ -317,14 +317,18 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
         n = layers * layer_steps
         lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
-        out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
         if maxtext_pipeline(job, plan):
             # MaxText's pipeline keeps the stage's unreduced bf16 gradients through its iteration loop and
             # reduce-scatters them once after it (one fused all-reduce-scatter in the compiled step's entry
-            # computation, none in the loop bodies; l2-7b pp2 x fsdp4 on v5p-16), with nothing left to hide behind.
+            # computation, none in the loop bodies; l2-7b pp2 x fsdp4 on v5p-16), with nothing left to hide behind;
+            # the backward's re-gathers hide behind the backward and its recompute. (Listed apart, so that the
+            # part recompute can hide is one entry: planner.remat.hideable.)
             exp_g = max(0.0, t_ag - ov * (st.layer_bwd + st.recompute / layers))
-            out.append(_coll("fsdp", "reduce-scatter", "grads", layers, gbytes, t_rs, layers * t_rs + n * exp_g, lvl))
+            out.append(_coll("fsdp", "all-gather", "weights fwd", n, wbytes, t_ag, n * exp_f, lvl))
+            out.append(_coll("fsdp", "all-gather", "weights bwd", n, wbytes, t_ag, n * exp_g, lvl))
+            out.append(_coll("fsdp", "reduce-scatter", "stage grads", layers, gbytes, t_rs, layers * t_rs, lvl))
         else:
+            out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
             out.append(_coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl))
         # The output projection (logits) table is sharded the same way: gathered once per micro-step and kept for
         # the backward pass, its gradient reduce-scattered once; not hidden (it opens and closes the step). Read

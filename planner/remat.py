@@ -144,6 +144,12 @@ def exposed(cost: Cost, axis: str, purpose: str) -> float:
     return sum(c.exposed_s for c in cost.collectives if c.axis == axis and c.purpose == purpose)
 
 
+def hideable(cost: Cost) -> float:
+    """The exposed weight-sharding traffic that recomputation hides (costmodel.estimate: the gradients'
+    reduce-scatter, or under a MaxText pipeline the backward's weight re-gathers), max(0, a - b * recompute)."""
+    return exposed(cost, "fsdp", "grads") + exposed(cost, "fsdp", "weights bwd")
+
+
 def _collective(cost: Cost, axis: str, purpose: str):
     return next((c for c in cost.collectives if c.axis == axis and c.purpose == purpose), None)
 
@@ -413,7 +419,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
         return sum(exposed(c, axis, what) - exposed(c0, axis, what) for axis, what in once_comm)
 
     def lin(c: Cost) -> float:
-        return c.step_time_s - exposed(c, "fsdp", "grads") - exposed(c, "host", "activations") - once_time(c)
+        return c.step_time_s - hideable(c) - exposed(c, "host", "activations") - once_time(c)
 
     s.xla_floor = schedules_to_hbm(job)
 
@@ -428,7 +434,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
 
     # ---- per-mesh terms: communication and model state ----
     s.L0 = lin(c0)
-    s.g0 = exposed(c0, "fsdp", "grads")
+    s.g0 = hideable(c0)
     s.nu = chip.eff.overlap
     s.k_o, s.k_p = lin(c_o) - s.L0, lin(c_p) - s.L0
     s.R0 = rest(c0)
@@ -443,7 +449,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
         run(_choice(NONE, mlp_in="offload"))
         if s.g0 > 0 and s.trig:
             t_min = min(s.trig, key=lambda t: s.rho[t])
-            s.nu = (s.g0 - exposed(run(_choice(NONE, **{t_min: "remat"})), "fsdp", "grads")) / (s.rho[t_min]
+            s.nu = (s.g0 - hideable(run(_choice(NONE, **{t_min: "remat"})))) / (s.rho[t_min]
                                                                                                  + s.rho_k)
         for ch, cost in ev.items():
             s.check(ch, cost)
@@ -482,7 +488,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
     if s.g0 > 0 and s.trig:  # how fast recompute hides the gradient reduce-scatter, read off the smallest probe
         t_min = min(s.trig, key=lambda t: s.rho[t])
-        s.nu = (s.g0 - exposed(pr[t_min], "fsdp", "grads")) / (s.rho[t_min] + s.rho_k)
+        s.nu = (s.g0 - hideable(pr[t_min])) / (s.rho[t_min] + s.rho_k)
     acts = {t: _collective(po[t], "host", "activations") for t in TENSORS}
     n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
     s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}

@@ -7,8 +7,9 @@ best step time, so that only meshes that could enter the top K are solved:
       compute and three passes of memory-bound ops, plus the 1F1B bubble of the same, plus the fixed overhead.
       Every step time contains these terms at least (recompute and a fourth memory-bound pass only add).
   LB1 (one estimate() of the mesh with nothing recomputed or offloaded, 'none'): its step time minus the exposed
-      fsdp gradient reduce-scatter and (where optimizer offload is allowed) the optimizer update. Remat only
-      adds time, except that recompute can hide that reduce-scatter and optimizer offload removes the on-chip
+      fsdp traffic that recompute can hide (planner.remat.hideable: the gradient reduce-scatter, or a MaxText
+      pipeline's backward weight re-gathers) and (where optimizer offload is allowed) the optimizer update. Remat
+      only adds time, except that recompute can hide that traffic and optimizer offload removes the on-chip
       update; offload traffic only adds.
   Before LB1, a mesh whose least-memory assignment (costmodel.memory alone) overflows HBM is dropped.
 
@@ -44,7 +45,7 @@ from planner.candidates import (
     explain_no_candidates,
     formable,
 )
-from planner.remat import MeshResult, brute_force, exposed, min_memory_choice, result_key, solve_mesh
+from planner.remat import MeshResult, brute_force, hideable, min_memory_choice, result_key, solve_mesh
 
 GIB = 2**30
 BRUTE_FORCE_LIMIT = 20_000  # exhaustive mode brute-forces remat choices when meshes x choices is at most this
@@ -124,7 +125,7 @@ def _min_hbm(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch) -> float:
 
 def _lb1(c0: Cost, optimizer_offload_allowed: bool) -> float:
     opt = c0.time.get("optimizer", 0.0) if optimizer_offload_allowed else 0.0
-    return c0.step_time_s - exposed(c0, "fsdp", "grads") - opt
+    return c0.step_time_s - hideable(c0) - opt
 
 
 def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | None = None, top: int = 5,
