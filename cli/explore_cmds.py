@@ -47,6 +47,10 @@ NO_SP = typer.Option(False, "--no-sequence-parallel", help="Disable sequence par
 PRECISION = typer.Option(None, "--precision", help="Matmul precision: bf16, fp8 or int8 [bf16].")
 FRAMEWORK = typer.Option(None, "--framework",
                          help="State/collective conventions: maxtext, megatron, pytorch-fsdp or deepspeed [maxtext].")
+VOCAB_TILES = typer.Option(None, "--vocab-tiles",
+                           help="Compute logits/loss in this many token chunks (MaxText num_vocab_tiling) [1].")
+WEIGHT_DTYPE = typer.Option(None, "--weight-dtype",
+                            help="MaxText weight_dtype: float32 or bfloat16 (bf16 weights and Adam moments) [float32].")
 
 
 def _from_plan_file(path: str) -> dict:
@@ -86,21 +90,22 @@ def _with_offload(plan: Plan, offload: list[str]) -> Plan:
 
 
 def resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp, fsdp, tp, cp, pp, ep, vpp,
-                   micro_batch, zero, remat, offload, slices, no_sp, precision, framework
-                   ) -> tuple[ModelSpec, Chip, Job, Plan, int]:
+                   micro_batch, zero, remat, offload, slices, no_sp, precision, framework, vocab_tiles=None,
+                   weight_dtype=None) -> tuple[ModelSpec, Chip, Job, Plan, int]:
     """(model, chip, job, plan, chips) from the flags, on top of a plan file when --plan is given."""
     from costmodel.catalog import load_model
     from hardware.catalog import load_hardware
 
     flags = {"dp": dp, "fsdp": fsdp, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "vpp": vpp, "micro_batch": micro_batch,
-             "slices": slices}
+             "slices": slices, "vocab_tiles": vocab_tiles}
     if plan_file:
         f = _from_plan_file(plan_file)
         fm, fh, fjob, fplan = f["model"], f["hardware"], f["job"], f["plan"]
         m = load_model(model) if model else (fm if isinstance(fm, ModelSpec) else load_model(str(fm)))
         chip = load_hardware(hardware) if hardware else (fh if isinstance(fh, Chip) else load_hardware(str(fh)))
-        job = o.make_job(seq_len or fjob.seq_len, global_batch or fjob.global_batch, precision or fjob.precision,
-                         framework or fjob.framework)
+        fw = framework or fjob.framework
+        job = o.make_job(seq_len or fjob.seq_len, global_batch or fjob.global_batch, precision or fjob.precision, fw,
+                         weight_dtype or (fjob.weight_dtype if fw == "maxtext" else "float32"))
         base: Plan = fplan
         kw = {k: o.positive(f"--{k.replace('_', '-')}", v) for k, v in flags.items() if v is not None}
         if zero is not None:
@@ -122,10 +127,12 @@ def resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp,
     if missing:
         raise InputError(f"{missing[0]}: required (or give --plan FILE)")
     m, chip = o.resolve(model, hardware or "tpu-v5p")
-    job = o.make_job(seq_len or 4096, global_batch, precision or "bf16", framework or "maxtext")
+    job = o.make_job(seq_len or 4096, global_batch, precision or "bf16", framework or "maxtext",
+                     weight_dtype or "float32")
     d = {k: (1 if v is None else v) for k, v in flags.items()}
     plan = o.make_plan(d["dp"], d["fsdp"], d["tp"], d["cp"], d["pp"], d["ep"], d["vpp"], d["micro_batch"],
-                       zero or 0, "full" if remat is None else remat, offload, d["slices"], not no_sp)
+                       zero or 0, "full" if remat is None else remat, offload, d["slices"], not no_sp,
+                       d["vocab_tiles"])
     return m, chip, job, plan, o.positive("--chips", chips)
 
 
@@ -220,7 +227,8 @@ def explain(
     seq_len: int = SEQ_LEN, global_batch: int = GLOBAL_BATCH, dp: int = DP, fsdp: int = FSDP, tp: int = TP,
     cp: int = CP, pp: int = PP, ep: int = EP, vpp: int = VPP, micro_batch: int = MICRO_BATCH, zero: int = ZERO,
     remat: str = REMAT, offload: list[str] = OFFLOAD, slices: int = SLICES, no_sp: bool = NO_SP,
-    precision: str = PRECISION, framework: str = FRAMEWORK,
+    precision: str = PRECISION, framework: str = FRAMEWORK, vocab_tiles: int = VOCAB_TILES,
+    weight_dtype: str = WEIGHT_DTYPE,
     no_what_ifs: bool = typer.Option(False, "--no-what-ifs", help="Skip costing the neighbouring plans."),
     as_json: bool = o.JSON,
 ) -> None:
@@ -229,7 +237,7 @@ def explain(
 
     m, chip, job, plan, n = resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp, fsdp, tp,
                                            cp, pp, ep, vpp, micro_batch, zero, remat, offload, slices, no_sp,
-                                           precision, framework)
+                                           precision, framework, vocab_tiles, weight_dtype)
     ex = explain_plan(m, chip, job, plan, n, with_what_ifs=not no_what_ifs)
     if as_json:
         print_json({**ex.to_dict(), "job": dict(job.__dict__)})
@@ -246,7 +254,8 @@ def plot(
     seq_len: int = SEQ_LEN, global_batch: int = GLOBAL_BATCH, dp: int = DP, fsdp: int = FSDP, tp: int = TP,
     cp: int = CP, pp: int = PP, ep: int = EP, vpp: int = VPP, micro_batch: int = MICRO_BATCH, zero: int = ZERO,
     remat: str = REMAT, offload: list[str] = OFFLOAD, slices: int = SLICES, no_sp: bool = NO_SP,
-    precision: str = PRECISION, framework: str = FRAMEWORK,
+    precision: str = PRECISION, framework: str = FRAMEWORK, vocab_tiles: int = VOCAB_TILES,
+    weight_dtype: str = WEIGHT_DTYPE,
 ) -> None:
     """Draw one plan's step waterfall and memory bars to a PNG, SVG or PDF file."""
     from planner.explain import explain as explain_plan
@@ -255,7 +264,7 @@ def plot(
     check_figure_path(out, "--out")
     m, chip, job, plan, n = resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp, fsdp, tp,
                                            cp, pp, ep, vpp, micro_batch, zero, remat, offload, slices, no_sp,
-                                           precision, framework)
+                                           precision, framework, vocab_tiles, weight_dtype)
     ex = explain_plan(m, chip, job, plan, n, with_what_ifs=False)
     path = plot_explanation(ex, out)
     typer.echo(f"wrote {path}")

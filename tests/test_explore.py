@@ -304,6 +304,20 @@ def test_cli_explain_text_and_json():
     assert math.isclose(sum(t["seconds"] for t in d["waterfall"]), d["step_time_s"], rel_tol=1e-9)
 
 
+def test_cli_explain_takes_estimates_vocab_tiles_and_weight_dtype():
+    """explain costs the same plan as estimate, with MaxText's vocab tiling and bf16 weights too."""
+    args = ["--model", "llama3-8b", "--chips", "8", "--global-batch", "8", "--fsdp", "8"]
+    extra = ["--vocab-tiles", "4", "--weight-dtype", "bfloat16"]
+    est = json.loads(run_cli("estimate", *args, *extra, "--json").stdout)
+    r = run_cli("explain", *args, *extra, "--json", "--no-what-ifs")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cost"]["peak_memory_bytes"] == est["peak_memory_bytes"]
+    plain = json.loads(run_cli("explain", *args, "--json", "--no-what-ifs").stdout)
+    assert plain["cost"]["peak_memory_bytes"] > est["peak_memory_bytes"]  # fp32 weights, whole logits
+    bad = run_cli("explain", *args, "--vocab-tiles", "0")
+    assert bad.returncode == 2 and "--vocab-tiles" in bad.stderr
+
+
 def test_cli_plot(tmp_path):
     r = run_cli("plot", *EXPLAIN, "--out", str(tmp_path / "p.svg"))
     assert r.returncode == 0, r.stderr
