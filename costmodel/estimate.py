@@ -235,6 +235,31 @@ def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, 
     return accum * total + ADAM_OPS * mem.optimizer_param_elems
 
 
+def expert_exchange(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, layer_steps: float,
+                    rerun: bool) -> Collective:
+    """The MoE layers' token all-to-alls over ep, not hidden: dispatch and combine forward and backward, and again
+    when the recompute reruns them (rerun)."""
+    # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
+    # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
+    # (input_partition_pspec: batch, activation_norm_length -- no tensor axis), so every tp rank sends all.
+    split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
+    a2a_bytes = plan.micro_batch * job.seq_len / plan.cp * m.experts_per_token * m.d_model * BF16 / split
+    t = collective_time(link, "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
+    kinds = busiest_kinds(m, plan)
+    moe_layers = m.n_moe_layers / layer_stages(m, plan) if kinds is None else kinds[1]
+    count = (4 + 2 * rerun) * moe_layers * layer_steps
+    return _coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, link.level)
+
+
+def expert_exchange_floor_s(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> float:
+    """Seconds of ep all-to-alls every remat/offload choice of this mesh pays at least (nothing rerun): a cheap
+    lower bound for the planner's search (planner.solve), without the rest of an estimate()."""
+    if plan.ep == 1 or not m.n_moe_layers:
+        return 0.0
+    layer_steps = accum + ((plan.pp - 1) / plan.vpp if maxtext_pipeline(job, plan) else 0)
+    return expert_exchange(m, chip, job, plan, axis_links(chip, plan)["ep"], layer_steps, False).exposed_s
+
+
 def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink], st: StageTimes,
                   mem: MemoryTerms, accum: int) -> list[Collective]:
     """Every collective of a step with its exposed time (after overlap with the compute it can hide behind)."""
@@ -404,16 +429,8 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     # validator's CPU compiles: 6 all-to-alls per MoE layer under selective remat, not 4); PyTorch frameworks rerun
     # them only when the MLP itself is recomputed.
     if plan.ep > 1 and m.n_moe_layers:
-        # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
-        # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
-        # (input_partition_pspec: batch, activation_norm_length -- no tensor axis), so every tp rank sends all.
-        split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
-        a2a_bytes = tokens * m.experts_per_token * m.d_model * BF16 / split
-        t = collective_time(links["ep"], "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
-        moe_layers = m.n_moe_layers / layer_stages(m, plan) if kinds is None else kinds[1]
         rerun = plan.remat.count("remat") > 0 if job.framework == "maxtext" else plan.remat.mlp_in == "remat"
-        count = (4 + 2 * rerun) * moe_layers * layer_steps
-        out.append(_coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, links["ep"].level))
+        out.append(expert_exchange(m, chip, job, plan, links["ep"], layer_steps, rerun))
 
     # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.
     if plan.pp > 1:

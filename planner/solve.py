@@ -1,11 +1,13 @@
 """The search: the K fastest plans that fit, over every mesh candidate and every remat/offload assignment.
 
-Outer loop: best-first over mesh candidates (planner/candidates.py) with two admissible lower bounds on a mesh's
+Outer loop: best-first over mesh candidates (planner/candidates.py) with admissible lower bounds on a mesh's
 best step time, so that only meshes that could enter the top K are solved:
 
   LB0 (no estimate() call; cached per tp, cp, pp, micro_batch): grad_accum micro-steps of forward + backward
       compute and three passes of memory-bound ops, plus the 1F1B bubble of the same, plus the fixed overhead.
       Every step time contains these terms at least (recompute and a fourth memory-bound pass only add).
+  LB0 + the MoE token all-to-alls over ep (no estimate() call: the mesh's ep link and the count with nothing
+      rerun, costmodel.estimate.expert_exchange_floor_s), which no choice hides or avoids.
   LB1 (one estimate() of the mesh with nothing recomputed or offloaded, 'none'): its step time minus the exposed
       fsdp traffic that recompute can hide (planner.remat.hideable: the gradient reduce-scatter, or a MaxText
       pipeline's backward weight re-gathers) and (where optimizer offload is allowed) the optimizer update. Remat
@@ -13,10 +15,10 @@ best step time, so that only meshes that could enter the top K are solved:
       update; offload traffic only adds.
   Before LB1, a mesh whose least-memory assignment (costmodel.memory alone) overflows HBM is dropped.
 
-Meshes are popped in bound order; a popped LB0 entry is refined to LB1 and pushed back; a popped LB1 entry is
-solved exactly (planner/remat.py: CP-SAT over the probed surrogate, verified with estimate()). The search stops
-when the next bound exceeds the K-th best verified step time, so the result equals what evaluating every mesh
-would give (`exhaustive=True` does that, without pruning, to check it).
+Meshes are popped in bound order; a popped LB0 entry is refined (with ep, then to LB1) and pushed back; a popped
+LB1 entry is solved exactly (planner/remat.py: CP-SAT over the probed surrogate, verified with estimate()). The
+search stops when the next bound exceeds the K-th best verified step time, so the result equals what evaluating
+every mesh would give (`exhaustive=True` does that, without pruning, to check it).
 
 Order of plans (and ties): step time, then peak memory, then the canonical mesh tuple (dp, fsdp, tp, cp, pp,
 ep, vpp, micro_batch, zero, slices), then the remat/offload choice. One plan per mesh in the top K.
@@ -29,7 +31,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from costmodel.cost import Cost
-from costmodel.estimate import estimate, stage_times
+from costmodel.estimate import estimate, expert_exchange_floor_s, stage_times
 from costmodel.job import Job
 from costmodel.memory import memory_terms
 from costmodel.model import ModelSpec
@@ -116,6 +118,14 @@ def _lb0(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cache: dict) -> float:
     return accum * per_micro + (mesh.pp - 1) / mesh.vpp * per_micro + chip.eff.step_overhead_s
 
 
+def _lb_exchange(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh) -> float:
+    """The ep all-to-alls every assignment of the mesh pays (costmodel.estimate.expert_exchange_floor_s)."""
+    if mesh.ep == 1:
+        return 0.0
+    accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
+    return expert_exchange_floor_s(m, chip, job, mesh.plan(REMAT_POLICIES["none"]), accum)
+
+
 def _min_hbm(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch) -> float:
     """HBM the least-memory assignment needs (its fit_bytes; costmodel.memory only: a fifth of an estimate())."""
     plan = mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params)
@@ -162,6 +172,12 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
         if not exhaustive and len(best) >= top and bound > best[-1].cost.step_time_s:
             break
         if stage == 0 and not exhaustive:
+            floor = _lb_exchange(m, chip, job, mesh)
+            if floor > 0:  # refine LB0 with the ep all-to-alls (cheap), then come back for LB1
+                heapq.heappush(heap, (bound + floor, 1, mesh))
+                continue
+            stage = 1
+        if stage == 1 and not exhaustive:
             mesh_cons = cons.for_mesh(m, chip, job, mesh)
             low = _min_hbm(m, chip, job, mesh, min_memory_choice(mesh_cons))
             if low > chip.usable_hbm_bytes:  # nothing fits on this mesh: no need to bound or solve it
@@ -173,7 +189,7 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
             stats.bounded += 1
             stats.estimates += 1
             base[mesh] = c0
-            heapq.heappush(heap, (max(bound, _lb1(c0, mesh_cons.offload_optimizer is not False)), 1, mesh))
+            heapq.heappush(heap, (max(bound, _lb1(c0, mesh_cons.offload_optimizer is not False)), 2, mesh))
             continue
         if brute:
             r = brute_force(m, chip, job, mesh, cons)

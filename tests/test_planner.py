@@ -223,6 +223,7 @@ SEARCHES = [
     (LLAMA7, V5P, 16, Job(4096, 16)),
     (SMALL_MOE, V5P, 8, Job(4096, 8)),
     (LLAMA7, A100_40, 4, Job(4096, 4, framework="megatron")),
+    (SMALL_MOE, H100, 16, Job(1024, 64, framework="megatron")),  # ep meshes bounded by their all-to-alls first
 ]
 
 
@@ -240,6 +241,21 @@ def test_search_matches_exhaustive(m, chip, chips, job):
         assert cost.fits and cost.step_time_s == r.cost.step_time_s
     times = [r.cost.step_time_s for r in fast.plans]
     assert times == sorted(times)
+
+
+def test_expert_exchange_floor_is_below_every_assignment():
+    """The search's ep bound: the all-to-alls with nothing rerun, never more than what estimate() charges."""
+    from costmodel.estimate import expert_exchange_floor_s
+
+    job = Job(2048, 64)
+    for mesh in (Mesh(2, 2, 1, 1, 1, 4, 1, 1, 0, 1), Mesh(1, 2, 2, 1, 2, 4, 1, 1, 0, 1)):
+        accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
+        floor = expert_exchange_floor_s(SMALL_MOE, V5P, job, mesh.plan(), accum)
+        assert floor > 0
+        for ch in all_choices(Constraints())[::97]:
+            cost = estimate(SMALL_MOE, V5P, job, mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params))
+            assert floor <= cost.time["comm_ep"] * (1 + 1e-12)
+    assert expert_exchange_floor_s(LLAMA7, V5P, job, Mesh(8, 1, 1, 1, 1, 1, 1, 1, 0, 1).plan(), 8) == 0.0
 
 
 def test_fix_and_max_tp_constrain_the_search():
