@@ -449,8 +449,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
         run(_choice(NONE, mlp_in="offload"))
         if s.g0 > 0 and s.trig:
             t_min = min(s.trig, key=lambda t: s.rho[t])
-            s.nu = (s.g0 - hideable(run(_choice(NONE, **{t_min: "remat"})))) / (s.rho[t_min]
-                                                                                                 + s.rho_k)
+            s.nu = (s.g0 - hideable(run(_choice(NONE, **{t_min: "remat"})))) / (s.rho[t_min] + s.rho_k)
         for ch, cost in ev.items():
             s.check(ch, cost)
         if s.exact:
