@@ -81,11 +81,10 @@ def estimate(
         if plan_file:  # --plan: flags given here override the file
             pf = _override(pf, model, hardware, chips)
         m, chip, chips, hw_ref = pf.model, pf.hardware, pf.chips, pf.hardware_ref or pf.hardware.name
+        fw = framework or pf.job.framework
         job = o.make_job(pf.job.seq_len if seq_len is None else seq_len,
                          pf.job.global_batch if global_batch is None else global_batch,
-                         precision or pf.job.precision, framework or pf.job.framework,
-                         weight_dtype or (pf.job.weight_dtype if (framework or pf.job.framework) == "maxtext"
-                                          else "float32"))
+                         precision or pf.job.precision, fw, o.weight_dtype_over(weight_dtype, fw, pf.job))
         plan = _override_plan(pf.plan, flags, remat, offload, no_sp)
     o.positive("--chips", chips)
     cost = estimate_cost(m, chip, job, plan, chips)

@@ -105,7 +105,7 @@ def resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp,
         chip = load_hardware(hardware) if hardware else (fh if isinstance(fh, Chip) else load_hardware(str(fh)))
         fw = framework or fjob.framework
         job = o.make_job(seq_len or fjob.seq_len, global_batch or fjob.global_batch, precision or fjob.precision, fw,
-                         weight_dtype or (fjob.weight_dtype if fw == "maxtext" else "float32"))
+                         o.weight_dtype_over(weight_dtype, fw, fjob))
         base: Plan = fplan
         kw = {k: o.positive(f"--{k.replace('_', '-')}", v) for k, v in flags.items() if v is not None}
         if zero is not None:

@@ -38,6 +38,12 @@ def make_job(seq_len: int, global_batch: int, precision: str, framework: str, we
                weight_dtype=weight_dtype)
 
 
+def weight_dtype_over(weight_dtype: str | None, framework: str, base: Job) -> str:
+    """--weight-dtype over a plan file's job: given, else the file's under MaxText (the only framework with fp32
+    weights as a setting), else float32."""
+    return weight_dtype or (base.weight_dtype if framework == "maxtext" else "float32")
+
+
 def make_plan(dp: int, fsdp: int, tp: int, cp: int, pp: int, ep: int, vpp: int, micro_batch: int, zero: int,
               remat: str, offload: list[str] | None, slices: int, sequence_parallel: bool = True,
               vocab_tiles: int = 1) -> Plan:

@@ -108,28 +108,32 @@ class Suggestion:
     goodput: dict = field(default_factory=dict)  # id(PlanResult) -> costmodel.goodput.Goodput when re-ranked
 
 
+def _accum(job: Job, mesh: Mesh) -> int:
+    """Micro-steps per optimizer step on this mesh (gradient accumulation, or pipeline micro-batches)."""
+    return job.global_batch // (mesh.batch_shards * mesh.micro_batch)
+
+
 def _lb0(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cache: dict) -> float:
     key = (mesh.tp, mesh.cp, mesh.pp, mesh.micro_batch)
     if key not in cache:
         st = stage_times(m, chip, job, mesh.plan(REMAT_POLICIES["none"]))
         cache[key] = st.fwd + st.bwd + st.elementwise
     per_micro = cache[key]
-    accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
+    accum = _accum(job, mesh)
     return accum * per_micro + (mesh.pp - 1) / mesh.vpp * per_micro + chip.eff.step_overhead_s
 
 
 def _lb_exchange(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh) -> float:
     """The ep all-to-alls every assignment of the mesh pays (costmodel.estimate.expert_exchange_floor_s)."""
-    if mesh.ep == 1:
+    if mesh.ep == 1:  # (before building a Plan: this runs for every candidate mesh)
         return 0.0
-    accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
-    return expert_exchange_floor_s(m, chip, job, mesh.plan(REMAT_POLICIES["none"]), accum)
+    return expert_exchange_floor_s(m, chip, job, mesh.plan(REMAT_POLICIES["none"]), _accum(job, mesh))
 
 
 def _min_hbm(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch) -> float:
     """HBM the least-memory assignment needs (its fit_bytes; costmodel.memory only: a fifth of an estimate())."""
     plan = mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params)
-    accum = job.global_batch // (mesh.batch_shards * mesh.micro_batch)
+    accum = _accum(job, mesh)
     return memory_terms(m, chip, job, plan, accum).fit_bytes
 
 
