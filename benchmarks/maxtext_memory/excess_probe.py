@@ -108,6 +108,47 @@ def grouped_loss(k: int, block: bool):
     return jax.grad(loss, argnums=(0, 1))
 
 
+def stacked_forward(width: int, stack_out: bool):
+    """A forward scan (no gradient) whose body makes a [N, width*N] intermediate and stacks its [N, N] result:
+    the stack returned (a program output) or summed after the loop (a temporary)."""
+    def f(ws, vs, x):
+        def body(h, wv):
+            t = jnp.tanh(jnp.tanh(h @ wv[0]) @ wv[1])
+            return t, t
+        h, ys = jax.lax.scan(body, x, (ws, vs))
+        return (h, ys) if stack_out else (h, jnp.sum(ys, axis=0))
+    return f
+
+
+def temp_across_forward(rows: int):
+    """A forward scan (2 matmuls, width 4N, no stacked output) with a [rows, N] temporary made before the loop
+    and used after it."""
+    def f(ws, vs, x):
+        z = jnp.tanh(jnp.concatenate([x] * (rows // N)) * 2)
+        h, _ = jax.lax.scan(lambda h, wv: (jnp.tanh(jnp.tanh(h @ wv[0]) @ wv[1]), None), x, (ws, vs))
+        return h + jnp.sum(z.reshape(-1, N, N), axis=0)
+    return f
+
+
+def layers_vjp(k: int, block: bool):
+    """One scan iteration's backward with no loop: the VJP of k residual layers (each its own jax.checkpoint, or
+    one around them) at h with cotangent g."""
+    def fwd(w, v, h):
+        if block:
+            def blk(h, w, v):
+                for i in range(k):
+                    h = residual_layer(h, w[i], v[i])
+                return h
+            return jax.checkpoint(blk)(h, w, v)
+        for i in range(k):
+            h = jax.checkpoint(residual_layer)(h, w[i], v[i])
+        return h
+
+    def f(w, v, h, g):
+        return jax.vjp(fwd, w, v, h)[1](g)
+    return f
+
+
 def main() -> None:
     msh = mesh()
     print(f"{'program (N = 8192, bf16, 4 layers)':34s} {'arg GB':>7s} {'out GB':>7s} {'temp GB':>7s} "
@@ -130,6 +171,17 @@ def main() -> None:
     for k, block in ((1, False), (2, False), (3, False), (6, False), (2, True), (3, True), (6, True)):
         report(msh, f"12 layers, {k} per iteration, " + ("block remat" if block else "layer remat"),
                grouped_loss(k, block), w12, v12, x1)
+    for width in (1, 2, 4):  # no gradient: a forward loop whose stacked outputs are, or are not, temporaries
+        wv = (((4, N, width * N), BF), ((4, width * N, N), BF))
+        report(msh, f"fwd scan, {width}N-wide, stack summed", stacked_forward(width, False), *wv, x1)
+        report(msh, f"fwd scan, {width}N-wide, stack returned", stacked_forward(width, True), *wv, x1)
+    for width in (2, 4):
+        wv = (((4, N, width * N), BF), ((4, width * N, N), BF))
+        for rows in (N, 4 * N):
+            report(msh, f"fwd scan, {width}N-wide, [{rows // N}N, N] temp across", temp_across_forward(rows), *wv, x1)
+    for k, block in ((1, False), (2, False), (6, False), (2, True), (3, True), (6, True)):  # no loop
+        report(msh, f"vjp of {k} layers, no loop, " + ("block remat" if block else "layer remat"),
+               layers_vjp(k, block), ((k, N, 2 * N), BF), ((k, 2 * N, N), BF), x1, x1)
 
 
 if __name__ == "__main__":
