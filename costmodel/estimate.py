@@ -256,204 +256,226 @@ def expert_exchange_floor_s(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accu
     lower bound for the planner's search (planner.solve), without the rest of an estimate()."""
     if plan.ep == 1 or not m.n_moe_layers:
         return 0.0
-    layer_steps = accum + ((plan.pp - 1) / plan.vpp if maxtext_pipeline(job, plan) else 0)
-    return expert_exchange(m, chip, job, plan, axis_links(chip, plan)["ep"], layer_steps, False).exposed_s
+    return expert_exchange(m, chip, job, plan, axis_links(chip, plan)["ep"], layer_passes(job, plan, accum),
+                           False).exposed_s
 
 
-def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink], st: StageTimes,
-                  mem: MemoryTerms, accum: int) -> list[Collective]:
-    """Every collective of a step with its exposed time (after overlap with the compute it can hide behind)."""
-    ov = chip.eff.overlap
-    out: list[Collective] = []
+def layer_passes(job: Job, plan: Plan, accum: int) -> float:
+    """Layer passes per stage in a step, in micro-batches: MaxText's pipeline iterations run every stage through
+    the bubble too (M * vpp + pp - 1 iterations of L / (pp * vpp) layers), each with its layers' collectives."""
+    return accum + ((plan.pp - 1) / plan.vpp if maxtext_pipeline(job, plan) else 0)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What every axis's collectives are counted over: the busiest stage's layers, one micro-batch's tokens per
+    chip, the micro-steps and the layer passes per stage (layer_passes)."""
+
+    layers: float
+    tokens: float
+    micro_steps: int
+    layer_steps: float
+
+
+def step_shape(m: ModelSpec, job: Job, plan: Plan, accum: int) -> StepShape:
     kinds = busiest_kinds(m, plan)
     layers = m.n_layers / layer_stages(m, plan) if kinds is None else kinds[0] + kinds[1]  # the busiest stage's
-    tokens = plan.micro_batch * job.seq_len / plan.cp
-    micro_steps = accum
-    # Layer passes per stage, in micro-batches: MaxText's pipeline iterations run every stage through the bubble
-    # too (M * vpp + pp - 1 iterations of L / (pp * vpp) layers), each with its layers' collectives.
-    layer_steps = micro_steps + ((plan.pp - 1) / plan.vpp if maxtext_pipeline(job, plan) else 0)
+    return StepShape(layers, plan.micro_batch * job.seq_len / plan.cp, accum, layer_passes(job, plan, accum))
 
-    # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under SP: same ring traffic) of the
-    # activations per layer forward (attention and MLP outputs), 2 backward (their inputs' gradients), and again
-    # for what the recompute reruns. A MoE layer's MLP pair carries its routed tokens: k x capacity (+ shared
-    # experts) times the layer's tokens (the expert outputs are reduced before they are combined).
-    if plan.tp > 1:
-        nbytes = tokens * m.d_model * BF16
-        t = collective_time(links["tp"], "all-reduce", nbytes, chip.eff.link, chip.eff.net)
-        # MLP bytes per layer, in units of nbytes (a MoE layer's routed rows)
-        dense, moe = kinds or (m.n_dense_mlp_layers, m.n_moe_layers)
-        mlp_w = (dense + moe * m.routed_rows_per_token) / (dense + moe)
-        t_mlp = collective_time(links["tp"], "all-reduce", nbytes * mlp_w, chip.eff.link, chip.eff.net)
-        # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
-        # full recompute) repeats the other.
-        n_att = 2 + (plan.remat.out_proj == "remat")
-        n_mlp = 2 + (plan.remat.mlp_out == "remat" and job.framework == "megatron")
-        # Hidden behind the layer's own matmuls to the extent tp_overlap allows.
-        per_layer_t = n_att * t + n_mlp * t_mlp
-        exposed = max(per_layer_t * (1 - chip.eff.tp_overlap),
-                      per_layer_t - chip.eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
-        share_att = n_att * t / per_layer_t
-        n = layers * layer_steps
-        out.append(_coll("tp", "all-reduce", "activations", n_att * n, nbytes, t, share_att * exposed * n,
-                         links["tp"].level))
-        out.append(_coll("tp", "all-reduce", "MLP activations", n_mlp * n, nbytes * mlp_w, t_mlp,
-                         (1 - share_att) * exposed * n, links["tp"].level))
-        # The vocabulary is split over tp too: the embedding lookup's output is a partial sum over the vocab
-        # shards (Megatron's VocabParallelEmbedding all-reduce), and so is the gradient of the logits' input
-        # (the final norm output); one each per micro-step, on the first and the last stage. Not hidden: they
-        # open the forward and the backward pass. Seen in the validator's HLO (tp plans: 2 per step).
-        # MaxText with pp: both on every stage, for its M / pp micro-batches (the batch is split over the stages).
-        if maxtext_pipeline(job, plan):
-            n_vocab = 2 * micro_steps / plan.pp
-        else:
-            n_vocab = (2 if plan.pp == 1 else 1) * micro_steps
-        out.append(_coll("tp", "all-reduce", "embedding/logits", n_vocab, nbytes, t, n_vocab * t, links["tp"].level))
-        # Sequence parallelism: the backward pass all-gathers the sequence-sharded inputs of the attention and
-        # MLP input projections again for their weight gradients (Megatron re-gathers rather than keeping them,
-        # Korthikanti et al. 2022, sec. 4.2.2; XLA does the same whenever the norm outputs are recomputed, i.e.
-        # under any remat). Hidden like the layer's other tp collectives.
-        if plan.sequence_parallel and (job.framework != "maxtext" or plan.remat.count("remat") > 0):
-            n_sp = 2 * layers * layer_steps
-            t_ag = collective_time(links["tp"], "all-gather", nbytes, chip.eff.link, chip.eff.net)
-            exposed_sp = max(2 * t_ag * (1 - chip.eff.tp_overlap), 2 * t_ag - chip.eff.tp_overlap * st.layer_bwd)
-            out.append(_coll("tp", "all-gather", "sequence-parallel re-gather", n_sp, nbytes, t_ag,
-                             exposed_sp * layers * layer_steps, links["tp"].level))
 
-    # Weight-sharded axes (fsdp; dp under ZeRO-3; cp and ep under MaxText): all-gather bf16 weights per layer
-    # forward and again in backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
+def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, st: StageTimes,
+                       s: StepShape) -> list[Collective]:
+    """Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under SP: same ring traffic) of the
+    activations per layer forward (attention and MLP outputs), 2 backward (their inputs' gradients), and again
+    for what the recompute reruns. A MoE layer's MLP pair carries its routed tokens: k x capacity (+ shared
+    experts) times the layer's tokens (the expert outputs are reduced before they are combined)."""
+    eff = chip.eff
+    nbytes = s.tokens * m.d_model * BF16
+    t = collective_time(link, "all-reduce", nbytes, eff.link, eff.net)
+    # MLP bytes per layer, in units of nbytes (a MoE layer's routed rows)
+    dense, moe = busiest_kinds(m, plan) or (m.n_dense_mlp_layers, m.n_moe_layers)
+    mlp_w = (dense + moe * m.routed_rows_per_token) / (dense + moe)
+    t_mlp = collective_time(link, "all-reduce", nbytes * mlp_w, eff.link, eff.net)
+    # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
+    # full recompute) repeats the other.
+    n_att = 2 + (plan.remat.out_proj == "remat")
+    n_mlp = 2 + (plan.remat.mlp_out == "remat" and job.framework == "megatron")
+    # Hidden behind the layer's own matmuls to the extent tp_overlap allows.
+    per_layer_t = n_att * t + n_mlp * t_mlp
+    exposed = max(per_layer_t * (1 - eff.tp_overlap), per_layer_t - eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
+    share_att = n_att * t / per_layer_t
+    n = s.layers * s.layer_steps
+    out = [_coll("tp", "all-reduce", "activations", n_att * n, nbytes, t, share_att * exposed * n, link.level),
+           _coll("tp", "all-reduce", "MLP activations", n_mlp * n, nbytes * mlp_w, t_mlp,
+                 (1 - share_att) * exposed * n, link.level)]
+    # The vocabulary is split over tp too: the embedding lookup's output is a partial sum over the vocab
+    # shards (Megatron's VocabParallelEmbedding all-reduce), and so is the gradient of the logits' input
+    # (the final norm output); one each per micro-step, on the first and the last stage. Not hidden: they
+    # open the forward and the backward pass. Seen in the validator's HLO (tp plans: 2 per step).
+    # MaxText with pp: both on every stage, for its M / pp micro-batches (the batch is split over the stages).
+    if maxtext_pipeline(job, plan):
+        n_vocab = 2 * s.micro_steps / plan.pp
+    else:
+        n_vocab = (2 if plan.pp == 1 else 1) * s.micro_steps
+    out.append(_coll("tp", "all-reduce", "embedding/logits", n_vocab, nbytes, t, n_vocab * t, link.level))
+    # Sequence parallelism: the backward pass all-gathers the sequence-sharded inputs of the attention and
+    # MLP input projections again for their weight gradients (Megatron re-gathers rather than keeping them,
+    # Korthikanti et al. 2022, sec. 4.2.2; XLA does the same whenever the norm outputs are recomputed, i.e.
+    # under any remat). Hidden like the layer's other tp collectives.
+    if plan.sequence_parallel and (job.framework != "maxtext" or plan.remat.count("remat") > 0):
+        n_sp = 2 * s.layers * s.layer_steps
+        t_ag = collective_time(link, "all-gather", nbytes, eff.link, eff.net)
+        exposed_sp = max(2 * t_ag * (1 - eff.tp_overlap), 2 * t_ag - eff.tp_overlap * st.layer_bwd)
+        out.append(_coll("tp", "all-gather", "sequence-parallel re-gather", n_sp, nbytes, t_ag,
+                         exposed_sp * s.layers * s.layer_steps, link.level))
+    return out
+
+
+def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink],
+                             st: StageTimes, mem: MemoryTerms, s: StepShape) -> list[Collective]:
+    """Weight-sharded axes (fsdp; dp under ZeRO-3; cp and ep under MaxText): all-gather bf16 weights per layer
+    forward and again in backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
+    Then the output table's gather and gradient, and under MaxText the embedding rows' all-to-alls."""
+    ov = chip.eff.overlap
+    wlinks = [links[a] for a in weight_shard_degrees(job, plan)]
+    # One layer's weights on this chip before sharding: the routed experts are gathered over their own
+    # group (MaxText: not over ep, which splits them by expert; nothing to gather when fsdp = 1).
+    elinks = [links[a] for a in weight_shard_degrees(job, plan, experts=True)]
+    if elinks == wlinks:  # one group for all of them (no expert axis among the weight-sharded ones)
+        parts = ((wlinks, mem.layer_weight_elems),)
+    else:
+        e_elems = mem.layer_expert_elems if math.prod(lk.size for lk in elinks) > 1 else 0.0
+        parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
+    wbytes = sum(n for _, n in parts) * BF16
+    gbytes = sum(n for _, n in parts) * mem.grad_reduce_bytes
+    flat = job.framework == "deepspeed"
+    t_ag = sum(group_time(lks, "all-gather", n * BF16, chip, flat) for lks, n in parts if n)
+    t_rs = sum(group_time(lks, "reduce-scatter", n * mem.grad_reduce_bytes, chip, flat) for lks, n in parts if n)
+    layers = s.layers
+    exp_f = max(0.0, t_ag - ov * st.layer_fwd)
+    exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
+    n = layers * s.layer_steps
+    lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
+    if maxtext_pipeline(job, plan):
+        # MaxText's pipeline keeps the stage's unreduced bf16 gradients through its iteration loop and
+        # reduce-scatters them once after it (one fused all-reduce-scatter in the compiled step's entry
+        # computation, none in the loop bodies; l2-7b pp2 x fsdp4 on v5p-16), with nothing left to hide behind;
+        # the backward's re-gathers hide behind the backward and its recompute. (Listed apart, so that the
+        # part recompute can hide is one entry: planner.remat.hideable.)
+        exp_g = max(0.0, t_ag - ov * (st.layer_bwd + st.recompute / layers))
+        out = [_coll("fsdp", "all-gather", "weights fwd", n, wbytes, t_ag, n * exp_f, lvl),
+               _coll("fsdp", "all-gather", "weights bwd", n, wbytes, t_ag, n * exp_g, lvl),
+               _coll("fsdp", "reduce-scatter", "stage grads", layers, gbytes, t_rs, layers * t_rs, lvl)]
+    else:
+        out = [_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl),
+               _coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl)]
+    # The output projection (logits) table is sharded the same way: gathered once per micro-step and kept for
+    # the backward pass, its gradient reduce-scattered once; not hidden (it opens and closes the step). Read
+    # off the validator's compiled HLO (planner validate, fsdp plans: one table's bytes each way).
+    table = m.vocab_size * m.d_model / plan.tp
+    t_eag = group_time(wlinks, "all-gather", table * BF16, chip, flat)
+    t_ers = group_time(wlinks, "reduce-scatter", table * mem.grad_reduce_bytes, chip, flat)
+    # MaxText with pp computes the logits once per step, outside its pipeline, for the chip's M / pp
+    # micro-batches: one gather and one reduce-scatter of the table.
+    n_head = 1 if maxtext_pipeline(job, plan) else s.micro_steps
+    out.append(_coll("fsdp", "all-gather", "output table", n_head, table * BF16, t_eag, n_head * t_eag, lvl))
+    out.append(_coll("fsdp", "reduce-scatter", "output table grads", n_head, table * mem.grad_reduce_bytes,
+                     t_ers, n_head * t_ers, lvl))
+    if job.framework == "maxtext":
+        # The input embedding lookup runs on the d-sharded table (GSPMD partitions the gather along the table's
+        # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all per
+        # shard axis hands each token's row to the chip that owns the token; the backward pass sends the row
+        # gradients back the same way. Seen in the validator's HLO (fsdp8: 2 all-to-alls of tokens x d per step).
+        rows = s.tokens * m.d_model * BF16
+        for lk in (lk for lk in wlinks if lk.size > 1):
+            t_a2a = collective_time(lk, "all-to-all", rows, chip.eff.link, chip.eff.net)
+            out.append(_coll("fsdp", "all-to-all", "embedding rows", 2 * s.micro_steps, rows, t_a2a,
+                             2 * s.micro_steps * t_a2a, lvl))
+    return out
+
+
+def gradient_reductions(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink],
+                        st: StageTimes, mem: MemoryTerms) -> list[Collective]:
+    """Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
+    ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
+    Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
+    gradients are reduced over dp x ep in one collective, the experts' over dp alone.
+    (MaxText shards them over ep instead, with the weight-sharded axes: nothing left to all-reduce.)"""
+    ov = chip.eff.overlap
     wdegrees = weight_shard_degrees(job, plan)
-    wlinks = [links[a] for a in wdegrees]
-    wshards = math.prod(lk.size for lk in wlinks)
-    if wshards > 1:
-        # One layer's weights on this chip before sharding: the routed experts are gathered over their own
-        # group (MaxText: not over ep, which splits them by expert; nothing to gather when fsdp = 1).
-        elinks = [links[a] for a in weight_shard_degrees(job, plan, experts=True)]
-        if elinks == wlinks:  # one group for all of them (no expert axis among the weight-sharded ones)
-            parts = ((wlinks, mem.layer_weight_elems),)
-        else:
-            e_elems = mem.layer_expert_elems if math.prod(lk.size for lk in elinks) > 1 else 0.0
-            parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
-        wbytes = sum(n for _, n in parts) * BF16
-        gbytes = sum(n for _, n in parts) * mem.grad_reduce_bytes
-        flat = job.framework == "deepspeed"
-        t_ag = sum(group_time(lks, "all-gather", n * BF16, chip, flat) for lks, n in parts if n)
-        t_rs = sum(group_time(lks, "reduce-scatter", n * mem.grad_reduce_bytes, chip, flat) for lks, n in parts if n)
-        exp_f = max(0.0, t_ag - ov * st.layer_fwd)
-        exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
-        n = layers * layer_steps
-        lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
-        if maxtext_pipeline(job, plan):
-            # MaxText's pipeline keeps the stage's unreduced bf16 gradients through its iteration loop and
-            # reduce-scatters them once after it (one fused all-reduce-scatter in the compiled step's entry
-            # computation, none in the loop bodies; l2-7b pp2 x fsdp4 on v5p-16), with nothing left to hide behind;
-            # the backward's re-gathers hide behind the backward and its recompute. (Listed apart, so that the
-            # part recompute can hide is one entry: planner.remat.hideable.)
-            exp_g = max(0.0, t_ag - ov * (st.layer_bwd + st.recompute / layers))
-            out.append(_coll("fsdp", "all-gather", "weights fwd", n, wbytes, t_ag, n * exp_f, lvl))
-            out.append(_coll("fsdp", "all-gather", "weights bwd", n, wbytes, t_ag, n * exp_g, lvl))
-            out.append(_coll("fsdp", "reduce-scatter", "stage grads", layers, gbytes, t_rs, layers * t_rs, lvl))
-        else:
-            out.append(_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl))
-            out.append(_coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl))
-        # The output projection (logits) table is sharded the same way: gathered once per micro-step and kept for
-        # the backward pass, its gradient reduce-scattered once; not hidden (it opens and closes the step). Read
-        # off the validator's compiled HLO (planner validate, fsdp plans: one table's bytes each way).
-        table = m.vocab_size * m.d_model / plan.tp
-        t_eag = group_time(wlinks, "all-gather", table * BF16, chip, flat)
-        t_ers = group_time(wlinks, "reduce-scatter", table * mem.grad_reduce_bytes, chip, flat)
-        # MaxText with pp computes the logits once per step, outside its pipeline, for the chip's M / pp
-        # micro-batches: one gather and one reduce-scatter of the table.
-        n_head = 1 if maxtext_pipeline(job, plan) else micro_steps
-        out.append(_coll("fsdp", "all-gather", "output table", n_head, table * BF16, t_eag, n_head * t_eag, lvl))
-        out.append(_coll("fsdp", "reduce-scatter", "output table grads", n_head, table * mem.grad_reduce_bytes,
-                         t_ers, n_head * t_ers, lvl))
-        if job.framework == "maxtext":
-            # The input embedding lookup runs on the d-sharded table (GSPMD partitions the gather along the table's
-            # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all per
-            # shard axis hands each token's row to the chip that owns the token; the backward pass sends the row
-            # gradients back the same way. Seen in the validator's HLO (fsdp8: 2 all-to-alls of tokens x d per step).
-            rows = tokens * m.d_model * BF16
-            for lk in (lk for lk in wlinks if lk.size > 1):
-                t_a2a = collective_time(lk, "all-to-all", rows, chip.eff.link, chip.eff.net)
-                out.append(_coll("fsdp", "all-to-all", "embedding rows", 2 * micro_steps, rows, t_a2a,
-                                 2 * micro_steps * t_a2a, lvl))
-
-    # Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
-    # ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
-    # Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
-    # gradients are reduced over dp x ep in one collective, the experts' over dp alone.
-    # (MaxText shards them over ep instead, with the weight-sharded axes above: nothing left to all-reduce.)
     moe_ep = plan.ep > 1 and m.n_moe_layers > 0 and "ep" not in wdegrees
+    dp_reduces = plan.dp > 1 and plan.zero < 3
     # MaxText with pp: the embedding tables sit on every stage and see every stage's share of the batch, so their
     # gradients are reduced over dp x pp in one collective (the stage weights' over dp alone).
     pp_tables = 0.0
     if maxtext_pipeline(job, plan):
         pp_tables = m.embedding_params() / plan.tp / math.prod(wdegrees.values())
     shared = mem.non_expert_param_elems - pp_tables if moe_ep else 0.0
-    if plan.dp > 1 and plan.zero < 3:
+    out: list[Collective] = []
+    if dp_reduces:
         gbytes = (mem.grad_elems_for_reduce - shared - pp_tables) * mem.grad_reduce_bytes
         t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)
-        exposed = max(0.0, t - ov * st.bwd)
-        out.append(_coll("dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes, t, exposed,
-                         links["dp"].level))
+        out.append(_coll("dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes, t,
+                         max(0.0, t - ov * st.bwd), links["dp"].level))
     if moe_ep:
-        group = [links["dp"], links["ep"]] if plan.dp > 1 and plan.zero < 3 else [links["ep"]]
+        group = [links["dp"], links["ep"]] if dp_reduces else [links["ep"]]
         gbytes = shared * mem.grad_reduce_bytes
         t = group_time(group, "all-reduce", gbytes, chip)
         out.append(_coll("dp+ep" if len(group) > 1 else "ep", "all-reduce", "non-expert grads", 1, gbytes, t,
                          max(0.0, t - ov * st.bwd), group[-1].level))
     if pp_tables:
-        group = ([links["dp"]] if plan.dp > 1 and plan.zero < 3 else []) + ([links["ep"]] if moe_ep else [])
-        group.append(links["pp"])
+        group = ([links["dp"]] if dp_reduces else []) + ([links["ep"]] if moe_ep else []) + [links["pp"]]
         gbytes = pp_tables * mem.grad_reduce_bytes
         t = group_time(group, "all-reduce", gbytes, chip)
-        axis = "+".join(a for a, n in (("dp", plan.dp > 1 and plan.zero < 3), ("ep", moe_ep), ("pp", True)) if n)
+        axis = "+".join(a for a, n in (("dp", dp_reduces), ("ep", moe_ep), ("pp", True)) if n)
         out.append(_coll(axis, "all-reduce", "embedding table grads", 1, gbytes, t, max(0.0, t - ov * st.bwd),
                          links["pp"].level))
+    return out
 
-    # Context parallel: all-gather K and V per layer forward; the backward pass gathers them again and
-    # reduce-scatters dK, dV (the same ring traffic each; XLA re-gathers even when nothing is recomputed).
-    if plan.cp > 1:
-        kv_bytes = plan.micro_batch * job.seq_len * 2 * m.kv_dim / plan.tp * BF16
-        t = collective_time(links["cp"], "all-gather", kv_bytes, chip.eff.link, chip.eff.net)
-        n = layers * layer_steps
-        exposed = n * (max(0.0, t - ov * st.attention_fwd / layers) + max(0.0, 2 * t - ov * 2.5 * st.attention_fwd
-                                                                         / layers))
-        out.append(_coll("cp", "all-gather", "keys/values", 2 * n, kv_bytes, t, exposed * 2 / 3, links["cp"].level))
-        out.append(_coll("cp", "reduce-scatter", "key/value grads", n, kv_bytes, t, exposed / 3, links["cp"].level))
 
-    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward, and again when the
-    # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above). Under a JAX remat
-    # policy (MaxText) that recomputes anything, the routed tokens are recomputed too: the dispatched and combined
-    # tokens are no named checkpoint, and the experts' weight gradients and the gate gradient need them (the
-    # validator's CPU compiles: 6 all-to-alls per MoE layer under selective remat, not 4); PyTorch frameworks rerun
-    # them only when the MLP itself is recomputed.
-    if plan.ep > 1 and m.n_moe_layers:
-        rerun = plan.remat.count("remat") > 0 if job.framework == "maxtext" else plan.remat.mlp_in == "remat"
-        out.append(expert_exchange(m, chip, job, plan, links["ep"], layer_steps, rerun))
+def context_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, st: StageTimes,
+                        s: StepShape) -> list[Collective]:
+    """Context parallel: all-gather K and V per layer forward; the backward pass gathers them again and
+    reduce-scatters dK, dV (the same ring traffic each; XLA re-gathers even when nothing is recomputed)."""
+    ov = chip.eff.overlap
+    kv_bytes = plan.micro_batch * job.seq_len * 2 * m.kv_dim / plan.tp * BF16
+    t = collective_time(link, "all-gather", kv_bytes, chip.eff.link, chip.eff.net)
+    n = s.layers * s.layer_steps
+    exposed = n * (max(0.0, t - ov * st.attention_fwd / s.layers)
+                   + max(0.0, 2 * t - ov * 2.5 * st.attention_fwd / s.layers))
+    return [_coll("cp", "all-gather", "keys/values", 2 * n, kv_bytes, t, exposed * 2 / 3, link.level),
+            _coll("cp", "reduce-scatter", "key/value grads", n, kv_bytes, t, exposed / 3, link.level)]
 
-    # Pipeline: activations to the next stage forward and their gradients back, once per model chunk.
-    if plan.pp > 1:
-        p_bytes = tokens * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
-        t = collective_time(links["pp"], "p2p", p_bytes, chip.eff.link, chip.eff.net)
-        if job.framework == "maxtext":
-            # MaxText shifts every stage's output to the next stage once per pipeline iteration but the last
-            # (M * vpp + pp - 1 iterations), forward and backward; and the logits' batch is split over the
-            # stages, so (pp - 1) / pp of the last stage's outputs move to the other stages (and back).
-            count = 2 * (plan.vpp * micro_steps + plan.pp - 2)
-            share = micro_steps / plan.pp * p_bytes
-            t_out = collective_time(links["pp"], "p2p", share, chip.eff.link, chip.eff.net)
-            out.append(_coll("pp", "p2p", "outputs to the logits' batch shards", 2 * (plan.pp - 1), share, t_out,
-                             2 * (plan.pp - 1) * t_out, links["pp"].level))
-        else:
-            count = 2 * plan.vpp * micro_steps
-        out.append(_coll("pp", "p2p", "activations", count, p_bytes, t, count * t, links["pp"].level))
 
-    # Offloaded activations go to host in forward and come back in backward, hidden behind that layer.
+def stage_transfers(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink,
+                    s: StepShape) -> list[Collective]:
+    """Pipeline: activations to the next stage forward and their gradients back, once per model chunk."""
+    p_bytes = s.tokens * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
+    t = collective_time(link, "p2p", p_bytes, chip.eff.link, chip.eff.net)
+    out: list[Collective] = []
+    if job.framework == "maxtext":
+        # MaxText shifts every stage's output to the next stage once per pipeline iteration but the last
+        # (M * vpp + pp - 1 iterations), forward and backward; and the logits' batch is split over the
+        # stages, so (pp - 1) / pp of the last stage's outputs move to the other stages (and back).
+        count = 2 * (plan.vpp * s.micro_steps + plan.pp - 2)
+        share = s.micro_steps / plan.pp * p_bytes
+        t_out = collective_time(link, "p2p", share, chip.eff.link, chip.eff.net)
+        out.append(_coll("pp", "p2p", "outputs to the logits' batch shards", 2 * (plan.pp - 1), share, t_out,
+                         2 * (plan.pp - 1) * t_out, link.level))
+    else:
+        count = 2 * plan.vpp * s.micro_steps
+    out.append(_coll("pp", "p2p", "activations", count, p_bytes, t, count * t, link.level))
+    return out
+
+
+def host_transfers(chip: Chip, plan: Plan, st: StageTimes, mem: MemoryTerms, s: StepShape) -> list[Collective]:
+    """Host offload over the chip's host link: offloaded activations (down in the forward pass, back in the
+    backward, hidden behind that layer), the optimizer step's gradients and parameters, master parameters."""
+    out: list[Collective] = []
     off_bytes = mem.offload_bytes_per_layer
     if off_bytes > 0:
         t = off_bytes / chip.host_link_Bps
-        n = layers * micro_steps
+        n = s.layers * s.micro_steps
         hov = chip.eff.host_overlap
         exposed = n * (max(0.0, t - hov * st.layer_fwd) + max(0.0, t - hov * st.layer_bwd))
         out.append(_coll("host", "d2h/h2d", "activations", 2 * n, off_bytes, t, exposed, "host"))
@@ -468,6 +490,33 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
         t = nbytes / chip.host_link_Bps
         out.append(_coll("host", "d2h/h2d", "parameters", 1, nbytes, t, t, "host"))
     return out
+
+
+def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink], st: StageTimes,
+                  mem: MemoryTerms, accum: int) -> list[Collective]:
+    """Every collective of a step with its exposed time (after overlap with the compute it can hide behind),
+    axis by axis: tp, the weight-sharded axes, the gradient reductions, cp, ep, pp, host."""
+    s = step_shape(m, job, plan, accum)
+    out: list[Collective] = []
+    if plan.tp > 1:
+        out += tensor_collectives(m, chip, job, plan, links["tp"], st, s)
+    if math.prod(links[a].size for a in weight_shard_degrees(job, plan)) > 1:
+        out += weight_shard_collectives(m, chip, job, plan, links, st, mem, s)
+    out += gradient_reductions(m, chip, job, plan, links, st, mem)
+    if plan.cp > 1:
+        out += context_collectives(m, chip, job, plan, links["cp"], st, s)
+    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward, and again when the
+    # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above). Under a JAX remat
+    # policy (MaxText) that recomputes anything, the routed tokens are recomputed too: the dispatched and combined
+    # tokens are no named checkpoint, and the experts' weight gradients and the gate gradient need them (the
+    # validator's CPU compiles: 6 all-to-alls per MoE layer under selective remat, not 4); PyTorch frameworks rerun
+    # them only when the MLP itself is recomputed.
+    if plan.ep > 1 and m.n_moe_layers:
+        rerun = plan.remat.count("remat") > 0 if job.framework == "maxtext" else plan.remat.mlp_in == "remat"
+        out.append(expert_exchange(m, chip, job, plan, links["ep"], s.layer_steps, rerun))
+    if plan.pp > 1:
+        out += stage_transfers(m, chip, job, plan, links["pp"], s)
+    return out + host_transfers(chip, plan, st, mem, s)
 
 
 # ---- the estimate -------------------------------------------------------------------------------------------
