@@ -309,6 +309,54 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron")
     return body, body / (m.n_layers / pp if kinds is None else layers), emb
 
 
+def busiest_stage_activations(job: Job, plan: Plan, act_saved: float, inflight: float, logits: float,
+                              accum: int) -> tuple[float, float]:
+    """(saved activations, logits) on the busiest pipeline stage: without pp the chip's own; under MaxText's
+    pipeline every stage runs the same program, with the logits' batch split over the stages too
+    (activation_embed_and_logits_batch: data, stage, fsdp: M / pp micro-batches of logits per chip); under 1F1B
+    the first stage (the most micro-batches in flight) or the last (one in flight, and the logits)."""
+    if maxtext_pipeline(job, plan):
+        return act_saved, logits * accum / plan.pp
+    if plan.pp > 1 and act_saved < act_saved / inflight + logits:
+        return act_saved / inflight, logits
+    return act_saved, (0.0 if plan.pp > 1 else logits)
+
+
+def layer_activation_bytes(m: ModelSpec, job: Job, plan: Plan, tokens: float, kinds: tuple[float, float] | None,
+                           layers_stage: float) -> tuple[float, float, float]:
+    """Per layer of the busiest stage, averaged over its dense and MoE layers: (bytes the remat policy keeps on
+    the device, bytes it offloads to the host), and the largest working set of one layer's backward (its
+    intermediates, recomputed if needed, while their gradients flow)."""
+    choices = plan.remat.choices()
+    saved = offl = working = 0.0
+    for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
+        if count == 0 or (kinds is not None and kinds[moe] == 0):
+            continue
+        frac = count / m.n_layers if kinds is None else kinds[moe] / layers_stage  # of the stage's layers
+        buf = routed_buffer_factor(m, job, plan) if moe else 1.0
+        el = tensor_elems_per_token(m, plan, moe, buf)
+        extra = extra_saved_elems_per_token(m, plan, moe, buf)
+        dev = sum(el[t] for t in TENSORS if choices[t] == "device")
+        if job.framework == "maxtext" and plan.remat.count("remat") > 0 and choices["mlp_out"] == "device":
+            # The MLP output matmul's result is not needed by the backward pass (the residual add's gradient
+            # takes no values), so XLA drops the checkpoint (not in the TPU compiler's buffer assignment).
+            dev -= el["mlp_out"]
+        if plan.remat.count("remat") == 0:
+            # Nothing recomputed: the norm outputs and MLP activation are kept too, and the MLP output is the
+            # next layer's input (already counted there), as in Korthikanti et al.'s per-layer sum.
+            dev += extra - (el["mlp_out"] if choices["mlp_out"] == "device" else 0.0)
+        saved += frac * dev * tokens * BF16
+        offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
+        # MaxText's ragged (dropless, ep) experts run as grouped matmuls whose backward holds the gradients of the
+        # experts' intermediates (the two input projections and the activation) beside them, at the buffer's
+        # worst-case size: five bf16[32768, 14336] operands in the Mixtral ep 4 buffer assignment; read off the
+        # ep 2, 4 and 8 compiles (benchmarks/maxtext_memory/NOTES.md, "Expert parallelism": -6.5/-12.0/-11.2 %
+        # without this term, -2.6/-4.7/-3.8 % with it). Not counted for capacity-based routing (buffer 1).
+        grouped = el["mlp_in"] + mlp_act_elems(m, plan, moe, buf) if buf > 1 else 0.0
+        working = max(working, (sum(el.values()) + extra + grouped) * tokens * BF16)
+    return saved, offl, working
+
+
 def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
     w_b, g_b, o_b, adam_b = state_convention(job)
     # MaxText differentiates the bf16 compute copy of the weights: XLA reduces that bf16 gradient and converts it
@@ -343,32 +391,8 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # ---- activations --------------------------------------------------------------------------------------
     tokens = plan.micro_batch * job.seq_len / plan.cp
     choices = plan.remat.choices()
-    saved = offl = none_all = 0.0
-    for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
-        if count == 0 or (kinds is not None and kinds[moe] == 0):
-            continue
-        frac = count / m.n_layers if kinds is None else kinds[moe] / layers_stage  # of the stage's layers
-        buf = routed_buffer_factor(m, job, plan) if moe else 1.0
-        el = tensor_elems_per_token(m, plan, moe, buf)
-        extra = extra_saved_elems_per_token(m, plan, moe, buf)
-        dev = sum(el[t] for t in TENSORS if choices[t] == "device")
-        if job.framework == "maxtext" and plan.remat.count("remat") > 0 and choices["mlp_out"] == "device":
-            # The MLP output matmul's result is not needed by the backward pass (the residual add's gradient
-            # takes no values), so XLA drops the checkpoint (not in the TPU compiler's buffer assignment).
-            dev -= el["mlp_out"]
-        if plan.remat.count("remat") == 0:
-            # Nothing recomputed: the norm outputs and MLP activation are kept too, and the MLP output is the
-            # next layer's input (already counted there), as in Korthikanti et al.'s per-layer sum.
-            dev += extra - (el["mlp_out"] if choices["mlp_out"] == "device" else 0.0)
-        saved += frac * dev * tokens * BF16
-        offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
-        # MaxText's ragged (dropless, ep) experts run as grouped matmuls whose backward holds the gradients of the
-        # experts' intermediates (the two input projections and the activation) beside them, at the buffer's
-        # worst-case size: five bf16[32768, 14336] operands in the Mixtral ep 4 buffer assignment; read off the
-        # ep 2, 4 and 8 compiles (benchmarks/maxtext_memory/NOTES.md, "Expert parallelism": -6.5/-12.0/-11.2 %
-        # without this term, -2.6/-4.7/-3.8 % with it). Not counted for capacity-based routing (buffer 1).
-        grouped = el["mlp_in"] + mlp_act_elems(m, plan, moe, buf) if buf > 1 else 0.0
-        none_all = max(none_all, (sum(el.values()) + extra + grouped) * tokens * BF16)
+    # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
+    saved, offl, act_working = layer_activation_bytes(m, job, plan, tokens, kinds, layers_stage)
     inflight = pipeline_inflight(job, plan, accum, m.n_layers)
     act_saved = saved * layers_stage * inflight
     loop_buffers, loop_tp, layer_grads = 0.0, 0.0, 0.0
@@ -379,8 +403,6 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
             only_input = plan.remat.count("device") == 1 and choices["layer_input"] == "device"
             loop_buffers = xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
             loop_tp = xla_loop_tp_bytes(act_saved, layer_grads, plan.tp)
-    # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
-    act_working = none_all
     # Logits and loss (vocab-sharded by tp, on the last stage). PyTorch stacks: bf16 logits plus their fp32
     # upcast for the cross-entropy, the gradient reusing the fp32 buffer (6 B). XLA (MaxText) fuses the fp32
     # log-softmax into its consumers: bf16 logits and their bf16 gradient (4 B; matches the TPU compile).
@@ -397,17 +419,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         # (of the weights that are sharded: under MaxText ep alone shards the non-expert weights, not the experts).
         gathered = (layer_w - layer_experts) * (weight_shards > 1) + layer_experts * (expert_shards > 1)
         coll = (BF16 + BF16) * gathered
-
-    if maxtext_pipeline(job, plan):
-        # Every stage runs the same program; the logits' batch is split over the stages too
-        # (activation_embed_and_logits_batch: data, stage, fsdp), M / pp micro-batches of logits per chip.
-        acts, logits_counted = act_saved, logits * accum / plan.pp
-    elif plan.pp > 1:
-        last_stage = act_saved / inflight + logits
-        first_stage = act_saved
-        acts, logits_counted = (first_stage, 0.0) if first_stage >= last_stage else (act_saved / inflight, logits)
-    else:
-        acts, logits_counted = act_saved, logits
+    acts, logits_counted = busiest_stage_activations(job, plan, act_saved, inflight, logits, accum)
     breakdown = {
         "weights": weights + weights_working,
         "gradients": grads,
