@@ -378,126 +378,130 @@ def group_key(mesh: Mesh) -> tuple:
     return (mesh.tp, mesh.cp, mesh.pp, mesh.ep, mesh.vpp, mesh.micro_batch, mesh.slices)
 
 
-def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = None,
-          low: tuple[Choice, Cost] | None = None, template: Surrogate | None = None,
-          cons: Constraints | None = None) -> tuple[Surrogate, int]:
-    """Build and check the surrogate for one mesh; returns it and the number of estimate() calls made.
+class _Prober:
+    """The estimates one probe() makes on a mesh, memoised by choice, and the views of a Cost the surrogate's
+    terms are read through (relative to c0, the probe that recomputes and offloads nothing)."""
 
-    From scratch: 15 calls (16 for MoE: the MLP pair), fewer when `base` (the 'none' probe) or `low` (layer input
-    offloaded, the rest recomputed) are given. With a `template` from a mesh of the same group (group_key), only
-    the per-mesh state terms are probed (optimizer and parameter offload) and the shared terms are checked at two
-    more probes ('full' and the largest tensor offloaded); a miss falls back to probing from scratch."""
-    cons = (cons or Constraints()).for_mesh(m, chip, job, mesh)
-    ev: dict[Choice, Cost] = {}
-    if low is not None:
-        ev[low[0]] = low[1]
-    calls = 0
+    def __init__(self, m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, low: tuple[Choice, Cost] | None):
+        self.m, self.chip, self.job, self.mesh = m, chip, job, mesh
+        self.ev: dict[Choice, Cost] = dict([low]) if low is not None else {}
+        self.calls = 0
+        self.c0: Cost | None = None
+        self.xla_floor = schedules_to_hbm(job)
+        # Time that appears once anything is recomputed: the sequence-parallel re-gather and, under MaxText (a JAX
+        # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
+        self.once_comm = [("tp", "sequence-parallel re-gather")] + (
+            [("ep", "tokens")] if job.framework == "maxtext" else [])
 
-    def run(ch: Choice) -> Cost:
-        nonlocal calls
-        if ch not in ev:
-            ev[ch] = evaluate(m, chip, job, mesh, ch)
-            calls += 1
-        return ev[ch]
+    def run(self, ch: Choice) -> Cost:
+        if ch not in self.ev:
+            self.ev[ch] = evaluate(self.m, self.chip, self.job, self.mesh, ch)
+            self.calls += 1
+        return self.ev[ch]
 
-    c0 = base if base is not None else run(_choice(NONE))
-    ev.setdefault(_choice(NONE), c0)
-    least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
-    same = low is not None and low[0].remat.choices() == least.remat.choices() and \
-        (low[0].offload_optimizer, low[0].offload_params) == (least.offload_optimizer, least.offload_params)
-    c_min = low[1] if same else run(least)
-    s = Surrogate(mesh, chip.usable_hbm_bytes, chip.host_mem_bytes)
-    # A switch the constraints pin (or the framework forbids) is not probed: its terms stay 0, the program fixes it.
-    c_o = run(_choice(NONE, o=True)) if cons.offload_optimizer is not False else c0
-    c_p = run(_choice(NONE, p=True)) if cons.offload_params is not False else c0
+    def once_time(self, c: Cost) -> float:
+        return sum(exposed(c, axis, what) - exposed(self.c0, axis, what) for axis, what in self.once_comm)
 
-    # Time that appears once anything is recomputed: the sequence-parallel re-gather and, under MaxText (a JAX
-    # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
-    once_comm = [("tp", "sequence-parallel re-gather")] + ([("ep", "tokens")] if job.framework == "maxtext" else [])
+    def lin(self, c: Cost) -> float:
+        """Step time less the terms the surrogate models apart (hideable traffic, offload, the once-terms)."""
+        return c.step_time_s - hideable(c) - exposed(c, "host", "activations") - self.once_time(c)
 
-    def once_time(c: Cost) -> float:
-        return sum(exposed(c, axis, what) - exposed(c0, axis, what) for axis, what in once_comm)
-
-    def lin(c: Cost) -> float:
-        return c.step_time_s - hideable(c) - exposed(c, "host", "activations") - once_time(c)
-
-    s.xla_floor = schedules_to_hbm(job)
-
-    def rest(c: Cost) -> float:
-        if s.xla_floor:
+    def rest(self, c: Cost) -> float:
+        """The memory the fit check reads, less the activations the remat choices set."""
+        if self.xla_floor:
             return c.fit_memory_bytes - c.memory.get("activations", 0.0)
         return c.peak_memory_bytes - _act(c)
 
-    # (the probes rest() reads recompute nothing, so the fit floor's loop buffer is 0 in them)
-    s.loop_G = memory_terms(m, chip, job, mesh.plan(), c0.grad_accum).loop_grad_bytes if s.xla_floor else 0.0
-    s.loop_tp = mesh.tp > 1
 
-    # ---- per-mesh terms: communication and model state ----
-    s.L0 = lin(c0)
+def _nu(s: Surrogate, c_min_remat: Cost, t_min: str) -> float:
+    """How fast recompute hides the gradient reduce-scatter, read off the smallest single-remat probe."""
+    return (s.g0 - hideable(c_min_remat)) / (s.rho[t_min] + s.rho_k)
+
+
+def _state_terms(s: Surrogate, pr: _Prober, c0: Cost, c_o: Cost, c_p: Cost) -> None:
+    """Per-mesh terms: communication and model state (optimizer and parameter offload)."""
+    # (the probes rest() reads recompute nothing, so the fit floor's loop buffer is 0 in them)
+    s.xla_floor = pr.xla_floor
+    s.loop_G = memory_terms(pr.m, pr.chip, pr.job, pr.mesh.plan(), c0.grad_accum).loop_grad_bytes \
+        if s.xla_floor else 0.0
+    s.loop_tp = pr.mesh.tp > 1
+    s.L0 = pr.lin(c0)
     s.g0 = hideable(c0)
-    s.nu = chip.eff.overlap
-    s.k_o, s.k_p = lin(c_o) - s.L0, lin(c_p) - s.L0
-    s.R0 = rest(c0)
-    s.w_o, s.w_p = rest(c_o) - s.R0, rest(c_p) - s.R0
+    s.nu = pr.chip.eff.overlap
+    s.k_o, s.k_p = pr.lin(c_o) - s.L0, pr.lin(c_p) - s.L0
+    s.R0 = pr.rest(c0)
+    s.w_o, s.w_p = pr.rest(c_o) - s.R0, pr.rest(c_p) - s.R0
     s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
 
-    if template is not None:
-        for name in ("lam", "eps", "kappa", "rho_k", "mu", "rho_mu", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi",
-                     "logits", "inflight", "same_stages", "eta"):
-            setattr(s, name, getattr(template, name))
-        run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
-        run(_choice(NONE, mlp_in="offload"))
-        if s.g0 > 0 and s.trig:
-            t_min = min(s.trig, key=lambda t: s.rho[t])
-            s.nu = (s.g0 - hideable(run(_choice(NONE, **{t_min: "remat"})))) / (s.rho[t_min] + s.rho_k)
-        for ch, cost in ev.items():
-            s.check(ch, cost)
-        if s.exact:
-            return s, calls
-        s2, more = probe(m, chip, job, mesh, c0, (least, c_min), cons=cons)
-        return s2, calls + more
 
-    # ---- shared terms: recompute, memory-bound passes, tp comm, bubble, activations, offload ----
-    pr = {t: run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
-    po = {t: run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
-    c_full = run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
-    s.kappa = once_time(c_full)
-    s.rho = {t: pr[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
+SHARED_TERMS = ("lam", "eps", "kappa", "rho_k", "mu", "rho_mu", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi",
+                "logits", "inflight", "same_stages", "eta")  # the terms a template from the same group_key shares
+
+
+def _from_template(s: Surrogate, pr: _Prober, template: Surrogate) -> None:
+    """Take the shared terms from a surrogate of the same group and check them at two more probes ('full' and the
+    largest tensor offloaded); the per-mesh nu is read again."""
+    for name in SHARED_TERMS:
+        setattr(s, name, getattr(template, name))
+    pr.run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
+    pr.run(_choice(NONE, mlp_in="offload"))
+    if s.g0 > 0 and s.trig:
+        t_min = min(s.trig, key=lambda t: s.rho[t])
+        s.nu = _nu(s, pr.run(_choice(NONE, **{t_min: "remat"})), t_min)
+
+
+def _recompute_terms(s: Surrogate, pr: _Prober, c0: Cost, probes: dict[str, Cost], c_full: Cost) -> None:
+    """Recompute, memory-bound passes and the once-terms, from 'none', each tensor alone recomputed and 'full'."""
+    m = pr.m
+    s.kappa = pr.once_time(c_full)
+    s.rho = {t: probes[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
     s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
     # what any remat reruns once (costmodel.estimate.rerun_once_ops), in every probe above: out of each rho_t
     some = _choice(NONE, context="remat").remat
-    s.rho_k = c0.grad_accum * stage_times(m, chip, job, mesh.plan(some)).recompute_once
+    s.rho_k = c0.grad_accum * stage_times(m, pr.chip, pr.job, pr.mesh.plan(some)).recompute_once
     s.rho = {t: r - s.rho_k for t, r in s.rho.items()}
-    dl = {t: lin(pr[t]) - s.L0 for t in RECOMPUTABLE}
+    dl = {t: pr.lin(probes[t]) - s.L0 for t in RECOMPUTABLE}
     n = len(s.trig)
     if m.is_moe and s.rho["mlp_out"] <= 0:  # (of its own: beyond what any remat reruns)
         # mlp_out alone recomputes nothing of its own (MaxText), but a MoE layer reruns its expert output matmul
         # with the expert input (costmodel.estimate: recomputed ops): the pair's own term. With k of the pair
         # among the triggers, lin(pair) - L0 = dl_in + dl_out - (k - 1) eps + mu and lin(full) - L0 =
         # sum(dl) - (n - 1) eps + mu: two equations for eps and mu.
-        c_pair = run(_choice(NONE, mlp_in="remat", mlp_out="remat"))
+        c_pair = pr.run(_choice(NONE, mlp_in="remat", mlp_out="remat"))
         k = sum(t in s.trig for t in ("mlp_in", "mlp_out"))
         others = sum(d for t, d in dl.items() if t not in ("mlp_in", "mlp_out"))
         if n > k:
-            s.eps = (others - (lin(c_full) - lin(c_pair))) / (n - k)
-        s.mu = lin(c_pair) - s.L0 - dl["mlp_in"] - dl["mlp_out"] + (k - 1) * s.eps
+            s.eps = (others - (pr.lin(c_full) - pr.lin(c_pair))) / (n - k)
+        s.mu = pr.lin(c_pair) - s.L0 - dl["mlp_in"] - dl["mlp_out"] + (k - 1) * s.eps
         s.rho_mu = c_pair.time.get("recompute", 0.0) - s.rho["mlp_in"] - s.rho["mlp_out"] - s.rho_k
     elif n >= 2:
-        s.eps = (sum(dl.values()) - (lin(c_full) - s.L0)) / (n - 1)
+        s.eps = (sum(dl.values()) - (pr.lin(c_full) - s.L0)) / (n - 1)
     s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
-    if s.g0 > 0 and s.trig:  # how fast recompute hides the gradient reduce-scatter, read off the smallest probe
+    if s.g0 > 0 and s.trig:
         t_min = min(s.trig, key=lambda t: s.rho[t])
-        s.nu = (s.g0 - hideable(pr[t_min])) / (s.rho[t_min] + s.rho_k)
-    acts = {t: _collective(po[t], "host", "activations") for t in TENSORS}
+        s.nu = _nu(s, probes[t_min], t_min)
+
+
+def _offload_terms(s: Surrogate, pr: _Prober, c0: Cost, probes: dict[str, Cost]) -> None:
+    """Activation offload: its traffic per tensor, the compute that hides it, and the host memory it takes, from
+    each tensor alone offloaded."""
+    acts = {t: _collective(probes[t], "host", "activations") for t in TENSORS}
     n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
     s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}
     if n:
-        s.n_c = _offload_thresholds(m, chip, job, mesh, n, acts, lambda: run(_choice(NONE, **dict.fromkeys(
-            TENSORS, "offload"))))
-    s.eta = {t: po[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
+        everything = _choice(NONE, **dict.fromkeys(TENSORS, "offload"))
+        s.n_c = _offload_thresholds(pr.m, pr.chip, pr.job, pr.mesh, n, acts, lambda: pr.run(everything))
+    s.eta = {t: probes[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
+
+
+def _activation_terms(s: Surrogate, pr: _Prober, c0: Cost, c_min: Cost, remat: dict[str, Cost],
+                      offload: dict[str, Cost], c_full: Cost) -> None:
+    """The saved activations per tensor, with and without anything recomputed, and the logits and pipeline
+    in-flight factor they sit beside."""
+    mesh, job = pr.mesh, pr.job
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
     s.logits = c_min.memory.get("logits", 0.0)
-    s.inflight = pipeline_inflight(job, mesh.plan(), c0.grad_accum, m.n_layers)
+    s.inflight = pipeline_inflight(job, mesh.plan(), c0.grad_accum, pr.m.n_layers)
     s.same_stages = maxtext_pipeline(job, mesh.plan())
 
     def ks(c: Cost) -> float:
@@ -512,17 +516,56 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     # Nothing recomputed (NR = 1): 'none' and each tensor alone offloaded give b_t, then xi.
     k0 = ks(c0)
     s.B = ks(c_min)  # layer input offloaded, the rest recomputed: no tensor kept
-    s.b = {t: k0 - ks(po[t]) for t in TENSORS}
+    s.b = {t: k0 - ks(offload[t]) for t in TENSORS}
     s.xi = k0 - s.B - sum(s.b.values())
     # Something recomputed (NR = 0): 'full' keeps only the layer input; each single-remat probe keeps all but one.
     s.a = {"layer_input": ks(c_full) - s.B}
-    kept = {t: ks(pr[t]) - s.B for t in RECOMPUTABLE}  # = sum of a over the other five tensors
+    kept = {t: ks(remat[t]) - s.B for t in RECOMPUTABLE}  # = sum of a over the other five tensors
     total = (sum(kept.values()) - s.a["layer_input"]) / (len(RECOMPUTABLE) - 1)
     s.a.update({t: total - kept[t] for t in RECOMPUTABLE})
 
-    for ch, cost in ev.items():
+
+def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = None,
+          low: tuple[Choice, Cost] | None = None, template: Surrogate | None = None,
+          cons: Constraints | None = None) -> tuple[Surrogate, int]:
+    """Build and check the surrogate for one mesh; returns it and the number of estimate() calls made.
+
+    From scratch: 15 calls (16 for MoE: the MLP pair), fewer when `base` (the 'none' probe) or `low` (layer input
+    offloaded, the rest recomputed) are given. With a `template` from a mesh of the same group (group_key), only
+    the per-mesh state terms are probed (optimizer and parameter offload) and the shared terms are checked at two
+    more probes ('full' and the largest tensor offloaded); a miss falls back to probing from scratch."""
+    cons = (cons or Constraints()).for_mesh(m, chip, job, mesh)
+    pr = _Prober(m, chip, job, mesh, low)
+    c0 = pr.c0 = base if base is not None else pr.run(_choice(NONE))
+    pr.ev.setdefault(_choice(NONE), c0)
+    least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
+    same = low is not None and low[0].remat.choices() == least.remat.choices() and \
+        (low[0].offload_optimizer, low[0].offload_params) == (least.offload_optimizer, least.offload_params)
+    c_min = low[1] if same else pr.run(least)
+    s = Surrogate(mesh, chip.usable_hbm_bytes, chip.host_mem_bytes)
+    # A switch the constraints pin (or the framework forbids) is not probed: its terms stay 0, the program fixes it.
+    c_o = pr.run(_choice(NONE, o=True)) if cons.offload_optimizer is not False else c0
+    c_p = pr.run(_choice(NONE, p=True)) if cons.offload_params is not False else c0
+    _state_terms(s, pr, c0, c_o, c_p)
+
+    if template is not None:
+        _from_template(s, pr, template)
+        for ch, cost in pr.ev.items():
+            s.check(ch, cost)
+        if s.exact:
+            return s, pr.calls
+        s2, more = probe(m, chip, job, mesh, c0, (least, c_min), cons=cons)
+        return s2, pr.calls + more
+
+    remat = {t: pr.run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
+    offload = {t: pr.run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
+    c_full = pr.run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
+    _recompute_terms(s, pr, c0, remat, c_full)
+    _offload_terms(s, pr, c0, offload)
+    _activation_terms(s, pr, c0, c_min, remat, offload, c_full)
+    for ch, cost in pr.ev.items():
         s.check(ch, cost)
-    return s, calls
+    return s, pr.calls
 
 
 def _offload_thresholds(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, n: float, acts: dict,
