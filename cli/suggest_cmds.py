@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -11,6 +12,9 @@ from cli import options as o
 from cli.main import app
 from cli.render import plan_dict, print_json
 from hardware.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.candidates import Constraints
 
 GIB = 2**30
 SHORT = {"layer_input": "in", "qkv_proj": "qkv", "context": "ctx", "out_proj": "out", "mlp_in": "mlp_in",
@@ -151,6 +155,40 @@ def print_suggestion(s) -> None:
         console.print("why #1: " + why_better(best, s.plans[1]))
 
 
+def export_conventions(cons: Constraints, export: str | None, framework: str | None,
+                       precision: str) -> tuple[Constraints, str]:
+    """(constraints, framework) for the search: with --export maxtext|megatron only plans that framework runs
+    exactly as costed (its conventions; Megatron's layout rules, planner.export_megatron)."""
+    if export not in ("maxtext", "megatron"):
+        return cons, framework or "maxtext"
+    if framework not in (None, export):
+        raise InputError(f"--framework {framework}: --export {export} searches under {export}'s conventions; "
+                         f"drop --framework or give --framework {export}")
+    if export == "megatron":
+        from planner.export_megatron import megatron_constraints
+
+        if precision == "int8":
+            raise InputError("--precision int8: Megatron-LM trains in bf16, fp16 or fp8; expected bf16 or fp8 "
+                             "with --export megatron")
+        cons = megatron_constraints(cons)
+    return cons, export
+
+
+def check_export_args(export: str | None, out: str | None, as_json: bool) -> None:
+    if export is None:
+        if out is not None:
+            raise InputError("--out: needs --export maxtext|megatron|json")
+        return
+    from planner.export import FORMATS
+
+    if export not in FORMATS:
+        from hardware.errors import unknown
+
+        raise unknown("export format", export, FORMATS)
+    if as_json and out is None:
+        raise InputError("--export with --json: give --out FILE so that stdout stays one JSON object")
+
+
 @app.command()
 def suggest(
     model: str = o.MODEL,
@@ -193,20 +231,7 @@ def suggest(
     o.positive("--seq-len", seq_len)
     if global_batch is not None and tokens_per_batch is not None:
         raise InputError("--global-batch and --tokens-per-batch: give one of them, not both")
-    cons = parse_fix(fix, max_tp, slices)
-    if export in ("maxtext", "megatron"):  # search only plans the framework runs exactly as costed
-        if framework not in (None, export):
-            raise InputError(f"--framework {framework}: --export {export} searches under {export}'s conventions; "
-                             f"drop --framework or give --framework {export}")
-        framework = export
-        if export == "megatron":
-            from planner.export_megatron import megatron_constraints
-
-            if precision == "int8":
-                raise InputError("--precision int8: Megatron-LM trains in bf16, fp16 or fp8; expected bf16 or fp8 "
-                                 "with --export megatron")
-            cons = megatron_constraints(cons)
-    framework = framework or "maxtext"
+    cons, framework = export_conventions(parse_fix(fix, max_tp, slices), export, framework, precision)
     note = ""
     if global_batch is None:
         o.make_job(seq_len, 1, precision, framework)  # check the job fields first
@@ -216,17 +241,7 @@ def suggest(
         global_batch, note = default_batch_for(m, chip, chips, seq_len, precision, framework, cons,
                                                parse_tokens(tokens_per_batch))
     job = o.make_job(seq_len, global_batch, precision, framework)
-    if export is not None:
-        from planner.export import FORMATS
-
-        if export not in FORMATS:
-            from hardware.errors import unknown
-
-            raise unknown("export format", export, FORMATS)
-        if as_json and out is None:
-            raise InputError("--export with --json: give --out FILE so that stdout stays one JSON object")
-    elif out is not None:
-        raise InputError("--out: needs --export maxtext|megatron|json")
+    check_export_args(export, out, as_json)
     from costmodel.goodput import parse_count
 
     budget = None if train_tokens is None else parse_count(train_tokens, "--train-tokens")
@@ -243,19 +258,18 @@ def suggest(
         print_suggestion(result)
     if not result.plans:  # an answer, not bad input: printed in full, but scripts (--save, --export) must see it
         raise typer.Exit(1)
-    if save or export:
-        best = result.plans[0]
-        if save:
-            from planner.planfile import save_plan
+    best = result.plans[0]
+    if save:
+        from planner.planfile import save_plan
 
-            save_plan(save, model, hardware, chips, job, best.plan, best.cost,
-                      description=f"planner suggest: best of {result.stats.candidates} mesh candidates")
-        if export:
-            from planner.export import write_export
-            from planner.planfile import PlanFile
+        save_plan(save, model, hardware, chips, job, best.plan, best.cost,
+                  description=f"planner suggest: best of {result.stats.candidates} mesh candidates")
+    if export:
+        from planner.export import write_export
+        from planner.planfile import PlanFile
 
-            pf = PlanFile(model=m, hardware=chip, chips=chips, job=job, plan=best.plan, model_ref=model,
-                          hardware_ref=hardware)
-            text = write_export(pf, export, out)
-            if out is None and not as_json:
-                typer.echo(text)
+        pf = PlanFile(model=m, hardware=chip, chips=chips, job=job, plan=best.plan, model_ref=model,
+                      hardware_ref=hardware)
+        text = write_export(pf, export, out)
+        if out is None and not as_json:
+            typer.echo(text)
