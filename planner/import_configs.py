@@ -281,16 +281,8 @@ def _maxtext_remat(k: _Keys, gated: bool, notes: list[str]) -> Remat:
                  out_proj=get("out_proj"), mlp_in=mlp[0], mlp_out=get("mlpwo"), name="custom")
 
 
-def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | None = None,
-                   model: str | None = None) -> Imported:
-    """A MaxText config YAML (keys of maxtext 0.2.5 base.yml; unlisted keys take base.yml's defaults)."""
-    p = Path(path)
-    where = str(p)
-    data = read_yaml(p)
-    text = p.read_text()
-    hints = _hints(text)
-    k = _Keys(data, where)
-    notes: list[str] = []
+def _check_maxtext_keys(data: dict, k: _Keys, where: str) -> None:
+    """Every key a MaxText 0.2.5 key, and no parallelism over an axis the planner does not model."""
     known = maxtext_key_names()
     for key in data:
         if key not in known:
@@ -301,11 +293,12 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
             key = f"{level}_{stem}_parallelism"
             if k.int(key, 1) != 1:
                 raise InputError(f"{where}: key {key!r}: the {stem} axis is not modelled by the planner; expected 1")
-    topo_hw, topo_per_slice, topo_slices = _topology(k)
-    chip, hw_ref = _chip(hardware, hints, topo_hw, where, "tpu-v5p or h100-sxm")
-    spec = _maxtext_model(k, notes)
-    m, model_ref = _named_model(spec, model, hints)
 
+
+def _maxtext_mesh(k: _Keys, chips: int | None, topo_per_slice: int | None, topo_slices: int | None,
+                  hints: dict[str, str], where: str) -> tuple[int, int, dict[str, int], dict[str, int]]:
+    """(chips, slices, ICI and DCN degrees per MaxText axis, each -1 filled in) from the ici_/dcn_ keys,
+    num_slices and the chip count (given, from compile_topology, or from a comment hint)."""
     ici_raw = {stem: k.int(f"ici_{stem}_parallelism", 1) for stem in MT_AXES}
     dcn_raw = {stem: k.int(f"dcn_{stem}_parallelism", 1) for stem in MT_AXES}
     slices = k.int("num_slices")
@@ -324,7 +317,11 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
     dcn = _fill(dcn_raw, slices, where, "DCN") if slices > 1 else {s: 1 if v == -1 else v for s, v in dcn_raw.items()}
     if slices == 1 and any(v != 1 for v in dcn.values()):
         raise InputError(f"{where}: DCN degrees > 1 need num_slices > 1")
-    total = math.prod(ici.values()) * slices
+    return math.prod(ici.values()) * slices, slices, ici, dcn
+
+
+def _maxtext_degrees(ici: dict[str, int], dcn: dict[str, int], notes: list[str]) -> dict[str, int]:
+    """The planner's dp/fsdp/tp/cp/pp/ep degrees from MaxText's ICI x DCN axes (the variants noted)."""
     deg = dict.fromkeys(("dp", "fsdp", "tp", "cp", "pp", "ep"), 1)
     for stem, ax in MT_AXES.items():
         deg[ax] *= ici[stem] * dcn[stem]
@@ -332,7 +329,13 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
                      ("context_usp_ulysses", "cp"), ("sequence", "cp")):
         if ici[stem] * dcn[stem] > 1:
             notes.append(f"mesh: {stem} ({ici[stem] * dcn[stem]}) is modelled as {ax}")
+    return deg
 
+
+def _maxtext_batching(k: _Keys, m: ModelSpec, deg: dict[str, int], total: int, where: str,
+                      notes: list[str]) -> tuple[int, int, int]:
+    """(global batch, micro-batch, vpp) from per_device_batch_size, gradient_accumulation_steps and the pipeline
+    keys (num_pipeline_microbatches, num_pipeline_repeats / num_layers_per_pipeline_stage)."""
     gpb = k.float("per_device_batch_size")
     ga = k.int("gradient_accumulation_steps")
     per_step = int(total * gpb)
@@ -372,7 +375,11 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
     if micro_batch < 1:
         raise InputError(f"{where}: fewer sequences per step ({global_batch}) than batch shards x micro-batches "
                          f"({shards} x {accum})")
+    return global_batch, micro_batch, vpp
 
+
+def _maxtext_precision(k: _Keys, where: str, notes: list[str]) -> tuple[str, str]:
+    """(precision, weight_dtype) from dtype, quantization and weight_dtype."""
     precision = "bf16"
     quant = k.str("quantization")
     if k.str("dtype") == "float16":
@@ -386,6 +393,27 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
     weight_dtype = k.str("weight_dtype") or "float32"
     if weight_dtype not in ("float32", "bfloat16"):
         raise InputError(f"{where}: weight_dtype: expected float32 or bfloat16, got {weight_dtype!r}")
+    return precision, weight_dtype
+
+
+def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | None = None,
+                   model: str | None = None) -> Imported:
+    """A MaxText config YAML (keys of maxtext 0.2.5 base.yml; unlisted keys take base.yml's defaults)."""
+    p = Path(path)
+    where = str(p)
+    data = read_yaml(p)
+    hints = _hints(p.read_text())
+    k = _Keys(data, where)
+    notes: list[str] = []
+    _check_maxtext_keys(data, k, where)
+    topo_hw, topo_per_slice, topo_slices = _topology(k)
+    chip, hw_ref = _chip(hardware, hints, topo_hw, where, "tpu-v5p or h100-sxm")
+    spec = _maxtext_model(k, notes)
+    m, model_ref = _named_model(spec, model, hints)
+    total, slices, ici, dcn = _maxtext_mesh(k, chips, topo_per_slice, topo_slices, hints, where)
+    deg = _maxtext_degrees(ici, dcn, notes)
+    global_batch, micro_batch, vpp = _maxtext_batching(k, m, deg, total, where, notes)
+    precision, weight_dtype = _maxtext_precision(k, where, notes)
     job = Job(seq_len=k.int("max_target_length"), global_batch=global_batch, precision=precision,
               framework="maxtext", weight_dtype=weight_dtype, scan_layers=k.bool("scan_layers"))
     plan = Plan(**deg, vpp=vpp, micro_batch=micro_batch, zero=1 if k.bool("shard_optimizer_over_data") else 0,
