@@ -632,6 +632,97 @@ def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
         raise InputError(f"{a.where}: {e}") from None
 
 
+def _megatron_world(a: _Args, chips: int | None, hints: dict[str, str], where: str) -> int:
+    """The world size: given, from --nnodes x --nproc-per-node (a torchrun line), or from a comment hint."""
+    world = chips
+    if world is None and a.has("--nnodes") and (a.has("--nproc-per-node") or a.has("--nproc_per_node")):
+        per = a.int("--nproc-per-node") if a.has("--nproc-per-node") else a.int("--nproc_per_node")
+        world = per * a.int("--nnodes")
+    if world is None and "chips" in hints:
+        world = int(hints["chips"])
+    if world is None:
+        raise InputError(f"{where}: Megatron-LM arguments do not give the world size; pass --chips")
+    return world
+
+
+def _megatron_degrees(a: _Args, world: int, where: str, notes: list[str]) -> tuple[int, int, int, int, int]:
+    """(Megatron's data-parallel size, tp, pp, cp, ep); the experts are carved out of the data-parallel ranks."""
+    tp = a.int("--tensor-model-parallel-size", 1)
+    pp = a.int("--pipeline-model-parallel-size", 1)
+    cp = a.int("--context-parallel-size", 1)
+    ep = a.int("--expert-model-parallel-size", 1)
+    for flag, v in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
+                    ("--context-parallel-size", cp), ("--expert-model-parallel-size", ep)):
+        if v < 1:
+            raise InputError(f"{where}: argument {flag}: expected a positive integer, got {v}")
+    if world % (tp * pp * cp):
+        raise InputError(f"{where}: world size {world} is not divisible by TP*PP*CP = {tp}*{pp}*{cp}")
+    dp_meg = world // (tp * pp * cp)
+    if dp_meg % ep:
+        raise InputError(f"{where}: --expert-model-parallel-size {ep} must divide the data-parallel size "
+                         f"{dp_meg} (the planner carves experts out of the data-parallel ranks only)")
+    if a.has("--expert-tensor-parallel-size") and a.int("--expert-tensor-parallel-size") != tp:
+        notes.append("mesh: --expert-tensor-parallel-size differs from TP; the planner shards experts over TP")
+    return dp_meg, tp, pp, cp, ep
+
+
+def _megatron_vpp(a: _Args, n_layers: int, pp: int, where: str) -> int:
+    """Model chunks per pipeline rank: --num-layers-per-virtual-pipeline-stage or
+    --num-virtual-stages-per-pipeline-rank (1 without either)."""
+    if a.has("--num-layers-per-virtual-pipeline-stage"):
+        per_chunk = a.int("--num-layers-per-virtual-pipeline-stage")
+        if per_chunk < 1:
+            raise InputError(f"{where}: argument --num-layers-per-virtual-pipeline-stage: expected a positive "
+                             f"integer, got {per_chunk}")
+        if n_layers % (pp * per_chunk):
+            raise InputError(f"{where}: --num-layers-per-virtual-pipeline-stage {per_chunk} x PP {pp} does not "
+                             f"divide {n_layers} layers")
+        return n_layers // (pp * per_chunk)
+    if a.has("--num-virtual-stages-per-pipeline-rank"):
+        vpp = a.int("--num-virtual-stages-per-pipeline-rank")
+        if vpp < 1:
+            raise InputError(f"{where}: argument --num-virtual-stages-per-pipeline-rank: expected a positive "
+                             f"integer, got {vpp}")
+        return vpp
+    return 1
+
+
+def _megatron_zero(a: _Args) -> int:
+    """ZeRO stage: 1 with the distributed optimizer; Megatron-FSDP's sharding strategy; 3 under torch FSDP2."""
+    zero = 1 if a.has("--use-distributed-optimizer") else 0
+    if a.has("--use-megatron-fsdp"):
+        zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
+            a.str("--data-parallel-sharding-strategy", "optim_grads_params"), 3)
+    if a.has("--use-torch-fsdp2"):
+        zero = 3
+    return zero
+
+
+def _megatron_remat(a: _Args, layers_per_chunk: int, where: str, notes: list[str]) -> Remat:
+    """--recompute-granularity (or --recompute-activations) as a policy; partial full recompute noted."""
+    gran = a.str("--recompute-granularity") or ("selective" if a.has("--recompute-activations") else "")
+    if gran == "selective":
+        return REMAT_POLICIES["selective"]
+    if gran == "full":
+        method, n = a.str("--recompute-method", "uniform"), a.int("--recompute-num-layers", 1)
+        if (method == "uniform" and n != 1) or (method == "block" and n < layers_per_chunk):
+            notes.append(f"remat: --recompute-method {method} --recompute-num-layers {n} is modelled as full "
+                         "recompute of every layer")
+        return REMAT_POLICIES["full"]
+    if gran in ("", "none"):
+        return REMAT_POLICIES["none"]
+    raise InputError(f"{where}: argument --recompute-granularity: expected full or selective, got {gran!r}")
+
+
+def _megatron_precision(a: _Args, notes: list[str]) -> str:
+    precision = "fp16" if a.has("--fp16") else "bf16"
+    if a.has("--fp8-format"):
+        precision = "fp8"
+    if not (a.has("--bf16") or a.has("--fp16")):
+        notes.append("precision: neither --bf16 nor --fp16 (Megatron would train in fp32); modelled as bf16")
+    return precision
+
+
 def import_megatron(path: str | Path, hardware: str | None = None, chips: int | None = None,
                     model: str | None = None) -> Imported:
     """Megatron-LM pretrain_gpt.py arguments: an args file, a bash array or a copied command line."""
@@ -650,83 +741,24 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
         m, model_ref = load_model(model), model
     else:
         m, model_ref = _named_model(_megatron_model(a, notes), None, hints)
-    world = chips
-    if world is None and a.has("--nnodes") and (a.has("--nproc-per-node") or a.has("--nproc_per_node")):
-        per = a.int("--nproc-per-node") if a.has("--nproc-per-node") else a.int("--nproc_per_node")
-        world = per * a.int("--nnodes")
-    if world is None and "chips" in hints:
-        world = int(hints["chips"])
-    if world is None:
-        raise InputError(f"{where}: Megatron-LM arguments do not give the world size; pass --chips")
-    tp = a.int("--tensor-model-parallel-size", 1)
-    pp = a.int("--pipeline-model-parallel-size", 1)
-    cp = a.int("--context-parallel-size", 1)
-    ep = a.int("--expert-model-parallel-size", 1)
-    for flag, v in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
-                    ("--context-parallel-size", cp), ("--expert-model-parallel-size", ep)):
-        if v < 1:
-            raise InputError(f"{where}: argument {flag}: expected a positive integer, got {v}")
-    if world % (tp * pp * cp):
-        raise InputError(f"{where}: world size {world} is not divisible by TP*PP*CP = {tp}*{pp}*{cp}")
-    dp_meg = world // (tp * pp * cp)
-    if dp_meg % ep:
-        raise InputError(f"{where}: --expert-model-parallel-size {ep} must divide the data-parallel size "
-                         f"{dp_meg} (the planner carves experts out of the data-parallel ranks only)")
-    if a.has("--expert-tensor-parallel-size") and a.int("--expert-tensor-parallel-size") != tp:
-        notes.append("mesh: --expert-tensor-parallel-size differs from TP; the planner shards experts over TP")
-    vpp = 1
-    if a.has("--num-layers-per-virtual-pipeline-stage"):
-        per_chunk = a.int("--num-layers-per-virtual-pipeline-stage")
-        if per_chunk < 1:
-            raise InputError(f"{where}: argument --num-layers-per-virtual-pipeline-stage: expected a positive "
-                             f"integer, got {per_chunk}")
-        if m.n_layers % (pp * per_chunk):
-            raise InputError(f"{where}: --num-layers-per-virtual-pipeline-stage {per_chunk} x PP {pp} does not "
-                             f"divide {m.n_layers} layers")
-        vpp = m.n_layers // (pp * per_chunk)
-    elif a.has("--num-virtual-stages-per-pipeline-rank"):
-        vpp = a.int("--num-virtual-stages-per-pipeline-rank")
-        if vpp < 1:
-            raise InputError(f"{where}: argument --num-virtual-stages-per-pipeline-rank: expected a positive "
-                             f"integer, got {vpp}")
+    world = _megatron_world(a, chips, hints, where)
+    dp_meg, tp, pp, cp, ep = _megatron_degrees(a, world, where, notes)
+    vpp = _megatron_vpp(a, m.n_layers, pp, where)
     _check_uneven_split(a, m.n_layers, pp, vpp, where, notes)
     mbs = a.int("--micro-batch-size")
     gbs = a.int("--global-batch-size", mbs * dp_meg)
     if gbs % (mbs * dp_meg):
         raise InputError(f"{where}: --global-batch-size {gbs} is not divisible by --micro-batch-size x data-parallel "
                          f"size = {mbs} x {dp_meg}")
-    zero = 1 if a.has("--use-distributed-optimizer") else 0
-    if a.has("--use-megatron-fsdp"):
-        zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
-            a.str("--data-parallel-sharding-strategy", "optim_grads_params"), 3)
-    if a.has("--use-torch-fsdp2"):
-        zero = 3
-    gran = a.str("--recompute-granularity") or ("selective" if a.has("--recompute-activations") else "")
-    if gran == "selective":
-        remat = REMAT_POLICIES["selective"]
-    elif gran == "full":
-        remat = REMAT_POLICIES["full"]
-        method, n = a.str("--recompute-method", "uniform"), a.int("--recompute-num-layers", 1)
-        per_stage = m.n_layers // (pp * vpp)
-        if (method == "uniform" and n != 1) or (method == "block" and n < per_stage):
-            notes.append(f"remat: --recompute-method {method} --recompute-num-layers {n} is modelled as full "
-                         "recompute of every layer")
-    elif gran in ("", "none"):
-        remat = REMAT_POLICIES["none"]
-    else:
-        raise InputError(f"{where}: argument --recompute-granularity: expected full or selective, got {gran!r}")
+    remat = _megatron_remat(a, m.n_layers // (pp * vpp), where, notes)
     offload = a.has("--optimizer-cpu-offload")
     if offload and a.float("--optimizer-offload-fraction", 1.0) < 1.0:
         notes.append("offload: --optimizer-offload-fraction < 1 is modelled as offloading all optimizer state")
-    precision = "fp16" if a.has("--fp16") else "bf16"
-    if a.has("--fp8-format"):
-        precision = "fp8"
-    if not (a.has("--bf16") or a.has("--fp16")):
-        notes.append("precision: neither --bf16 nor --fp16 (Megatron would train in fp32); modelled as bf16")
+    precision = _megatron_precision(a, notes)
     if a.has("--window-size"):
         notes.append("model: --window-size (sliding-window attention) is not read; the model attends globally")
     job = Job(seq_len=a.int("--seq-length"), global_batch=gbs, precision=precision, framework="megatron")
-    plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=zero,
+    plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=_megatron_zero(a),
                 sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload)
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
 
