@@ -162,6 +162,30 @@ def _close(a: float, b: float, scale: float) -> bool:
     return abs(a - b) <= REL_TOL * max(abs(a), abs(b), scale) + 1e-12
 
 
+def _ns(v: float) -> int:
+    """Seconds -> integer nanoseconds in the program."""
+    return round(v * NS)
+
+
+def _decision_vars(P: Program, cons: Constraints) -> tuple[dict[tuple[str, str], int], int, int]:
+    """One boolean per (tensor, choice), exactly one choice per tensor, those the constraints forbid fixed to 0;
+    and the optimizer and parameter offload switches (fixed where the constraints pin them)."""
+    allowed = allowed_choices(cons)
+    x: dict[tuple[str, str], int] = {}
+    for t in TENSORS:
+        for c in TENSOR_CHOICES[t]:
+            x[t, c] = P.bool()
+            if c not in allowed[t]:
+                P.fix(x[t, c], 0)
+        P.add([(x[t, c], 1) for c in TENSOR_CHOICES[t]], 1, 1)
+    o, p = P.bool(), P.bool()
+    if cons.offload_optimizer is not None:
+        P.fix(o, int(cons.offload_optimizer))
+    if cons.offload_params is not None:
+        P.fix(p, int(cons.offload_params))
+    return x, o, p
+
+
 @dataclass
 class Surrogate:
     """The cost model restricted to one mesh, as a function of the remat/offload choices (module docstring)."""
@@ -264,63 +288,62 @@ class Surrogate:
     def program(self, cons: Constraints) -> tuple[Program, dict[tuple[str, str], int], int, int]:
         """(program, var[(tensor, choice)], var offload_optimizer, var offload_params)."""
         P = Program()
-        allowed = allowed_choices(cons)
-        x: dict[tuple[str, str], int] = {}
-        for t in TENSORS:
-            for c in TENSOR_CHOICES[t]:
-                x[t, c] = P.bool()
-                if c not in allowed[t]:
-                    P.fix(x[t, c], 0)
-            P.add([(x[t, c], 1) for c in TENSOR_CHOICES[t]], 1, 1)
-        o, p = P.bool(), P.bool()
-        if cons.offload_optimizer is not None:
-            P.fix(o, int(cons.offload_optimizer))
-        if cons.offload_params is not None:
-            P.fix(p, int(cons.offload_params))
+        x, o, p = _decision_vars(P, cons)
         R = {t: x[t, "remat"] for t in RECOMPUTABLE}
         D = {t: x[t, "device"] for t in TENSORS}
         Off = {t: x[t, "offload"] for t in TENSORS}
+        obj, nr = self._time_terms(P, R, Off, o, p)
+        self._memory_constraints(P, D, Off, o, p, nr)
+        penalty = [(Off[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
+        P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty,
+                   offset=TIE_WEIGHT * (_ns(self.L0) + _ns(self.kappa)))
+        return P, x, o, p
 
-        def ns(v: float) -> int:
-            return round(v * NS)
-
-        obj: list[tuple[int, int]] = [(R[t], ns(self.lam.get(t, 0.0))) for t in RECOMPUTABLE]
-        obj += [(o, ns(self.k_o)), (p, ns(self.k_p))]
+    def _time_terms(self, P: Program, R: dict[str, int], Off: dict[str, int], o: int,
+                    p: int) -> tuple[list[tuple[int, int]], int]:
+        """The step time in integer nanoseconds as (var, coefficient) terms, and NR (no tensor recomputed)."""
+        obj: list[tuple[int, int]] = [(R[t], _ns(self.lam.get(t, 0.0))) for t in RECOMPUTABLE]
+        obj += [(o, _ns(self.k_o)), (p, _ns(self.k_p))]
         if self.eps and self.trig:  # A = OR of the trigger tensors' remat (exact in both directions)
             a = P.bool()
             for t in self.trig:
                 P.add([(a, 1), (R[t], -1)], lb=0)
             P.add([(a, 1)] + [(R[t], -1) for t in self.trig], ub=0)
-            obj.append((a, ns(self.eps)))
+            obj.append((a, _ns(self.eps)))
         pair: list[tuple[int, int]] = []
         if self.mu or self.rho_mu:  # Y = R[mlp_in] and R[mlp_out] (exact links)
             y = P.bool()
             P.add([(y, 1), (R["mlp_in"], -1)], ub=0)
             P.add([(y, 1), (R["mlp_out"], -1)], ub=0)
             P.add([(y, 1), (R["mlp_in"], -1), (R["mlp_out"], -1)], lb=-1)
-            obj.append((y, ns(self.mu)))
-            pair = [(y, ns(self.nu * self.rho_mu))]
-        # NR = no tensor recomputed; Y_t = NR and t kept on device (exact links).
+            obj.append((y, _ns(self.mu)))
+            pair = [(y, _ns(self.nu * self.rho_mu))]
+        # NR = no tensor recomputed (exact links).
         nr = P.bool()
         for t in RECOMPUTABLE:
             P.add([(nr, 1), (R[t], 1)], ub=1)
         P.add([(nr, 1)] + [(R[t], 1) for t in RECOMPUTABLE], lb=1)
         if self.g0 > 0:  # g >= g0 - nu * recompute (rho_k: once anything is, i.e. 1 - NR)
-            g = P.int(0, ns(self.g0))
-            once = ns(self.nu * self.rho_k)
-            P.add([(g, 1)] + [(R[t], ns(self.nu * self.rho.get(t, 0.0))) for t in RECOMPUTABLE] + pair
-                  + [(nr, -once)], lb=ns(self.g0) - once)
+            g = P.int(0, _ns(self.g0))
+            once = _ns(self.nu * self.rho_k)
+            P.add([(g, 1)] + [(R[t], _ns(self.nu * self.rho.get(t, 0.0))) for t in RECOMPUTABLE] + pair
+                  + [(nr, -once)], lb=_ns(self.g0) - once)
             obj.append((g, 1))
         if any(self.n_tau.values()):
-            top = ns(sum(self.n_tau.values()))
+            top = _ns(sum(self.n_tau.values()))
             for nc in self.n_c:
                 h = P.int(0, top)
-                P.add([(h, 1)] + [(Off[t], -ns(self.n_tau.get(t, 0.0))) for t in TENSORS], lb=-ns(nc))
+                P.add([(h, 1)] + [(Off[t], -_ns(self.n_tau.get(t, 0.0))) for t in TENSORS], lb=-_ns(nc))
                 obj.append((h, 1))
         if self.kappa:  # kappa * (1 - NR)
-            obj.append((nr, -ns(self.kappa)))
+            obj.append((nr, -_ns(self.kappa)))
+        return obj, nr
+
+    def _memory_constraints(self, P: Program, D: dict[str, int], Off: dict[str, int], o: int, p: int,
+                            nr: int) -> None:
+        """HBM (the fit check's figure, per pipeline stage where the stages differ) and host memory caps."""
         ks = [(nr, round(self.xi))]
-        for t in TENSORS:
+        for t in TENSORS:  # Y_t = NR and t kept on device (exact links)
             ks.append((D[t], round(self.a[t])))
             if round(self.b[t]) != round(self.a[t]):
                 y = P.bool()
@@ -341,9 +364,6 @@ class Surrogate:
             P.add(rest + ks, ub=math.floor(cap - self.logits))
         P.add([(Off[t], round(self.eta[t])) for t in TENSORS] + [(o, round(self.h_o)), (p, round(self.h_p))],
               ub=math.floor(self.host_cap))
-        penalty = [(Off[t], 2) for t in TENSORS] + [(D[t], 1) for t in TENSORS] + [(o, 2), (p, 2)]
-        P.minimize([(v, TIE_WEIGHT * c) for v, c in obj] + penalty, offset=TIE_WEIGHT * (ns(self.L0) + ns(self.kappa)))
-        return P, x, o, p
 
     def _loop_terms(self, P: Program, D: dict[str, int], nr: int) -> list[tuple[int, int]]:
         """loop() in CP-SAT, exact through big-M links: E >= min(S, G) (w picks the smaller), 0 when nothing is
