@@ -584,3 +584,41 @@ def test_maxtext_pipeline_memory_and_collectives_by_hand():
     # Megatron keeps its 1F1B accounting: min(M, pp) micro-batches in flight, one table per end stage
     mega = memory_terms(TINY, V5P, replace(job, framework="megatron"), plan, accum=4)
     assert mega.param_elems == pytest.approx(layer + 100 * 64 / 2)
+
+
+def test_layer_passes_count_maxtext_bubble_iterations():
+    """MaxText's pipeline runs every stage through its M * vpp + pp - 1 iterations (in micro-batches of layers:
+    M + (pp - 1) / vpp); Megatron's 1F1B runs each micro-batch once per stage."""
+    from costmodel.estimate import layer_passes
+
+    plan = Plan(pp=4, vpp=2, dp=2)
+    assert layer_passes(Job(4096, 32), plan, 8) == 8 + 3 / 2
+    assert layer_passes(Job(4096, 32, framework="megatron"), plan, 8) == 8
+    assert layer_passes(Job(4096, 32), Plan(dp=8), 4) == 4  # no pipeline: the micro-steps
+
+
+def test_busiest_stage_activations_by_hand():
+    """1F1B: the first stage keeps every in-flight micro-batch, the last one micro-batch and the logits; the
+    larger is the peak. MaxText: every stage runs the same program, with 1 / pp of the step's logits."""
+    from costmodel.memory import busiest_stage_activations
+
+    meg = Job(4096, 32, framework="megatron")
+    # first stage 12 (4 in flight x 3) vs last 3 + 5 = 8: the first, without logits
+    assert busiest_stage_activations(meg, Plan(pp=4), 12.0, 4.0, 5.0, 16) == (12.0, 0.0)
+    # first 12 vs last 3 + 10 = 13: the last, with its logits
+    assert busiest_stage_activations(meg, Plan(pp=4), 12.0, 4.0, 10.0, 16) == (3.0, 10.0)
+    assert busiest_stage_activations(meg, Plan(), 12.0, 1.0, 10.0, 1) == (12.0, 10.0)  # no pipeline
+    assert busiest_stage_activations(Job(4096, 32), Plan(pp=4), 12.0, 4.0, 10.0, 16) == (12.0, 10.0 * 16 / 4)
+
+
+def test_layer_activation_bytes_by_hand():
+    """Full remat keeps one bf16 layer input per token (d_model = 64 values: 128 B); offloading it moves those
+    bytes to the host; nothing kept under 'full' with the layer input offloaded."""
+    from costmodel.memory import layer_activation_bytes
+
+    job = Job(4096, 8, framework="megatron")
+    saved, offl, working = layer_activation_bytes(TINY, job, Plan(), 10.0, None, 2.0)
+    assert (saved, offl) == (10 * 64 * 2, 0.0) and working > saved
+    plan = Plan(remat=parse_remat("custom:layer_input=offload"))
+    saved, offl, _ = layer_activation_bytes(TINY, job, plan, 10.0, None, 2.0)
+    assert (saved, offl) == (0.0, 10 * 64 * 2)
