@@ -175,6 +175,7 @@ def export_conventions(cons: Constraints, export: str | None, framework: str | N
 
 
 def check_export_args(export: str | None, out: str | None, as_json: bool) -> None:
+    """--out only with --export, a known export format, and --out with --json (stdout stays one JSON object)."""
     if export is None:
         if out is not None:
             raise InputError("--out: needs --export maxtext|megatron|json")

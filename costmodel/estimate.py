@@ -235,10 +235,20 @@ def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, 
     return accum * total + ADAM_OPS * mem.optimizer_param_elems
 
 
+def reruns_expert_exchange(job: Job, plan: Plan) -> bool:
+    """Whether the recompute reruns the MoE layers' all-to-alls. Under a JAX remat policy (MaxText) that
+    recomputes anything, the routed tokens are recomputed too: the dispatched and combined tokens are no named
+    checkpoint, and the experts' weight gradients and the gate gradient need them (the validator's CPU compiles:
+    6 all-to-alls per MoE layer under selective remat, not 4); PyTorch frameworks rerun them only when the MLP
+    itself is recomputed."""
+    return plan.remat.count("remat") > 0 if job.framework == "maxtext" else plan.remat.mlp_in == "remat"
+
+
 def expert_exchange(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, layer_steps: float,
                     rerun: bool) -> Collective:
-    """The MoE layers' token all-to-alls over ep, not hidden: dispatch and combine forward and backward, and again
-    when the recompute reruns them (rerun)."""
+    """Expert parallel: the MoE layers' token all-to-alls over ep, not hidden: dispatch and combine forward and
+    backward, and again when the recompute reruns them (rerun, reruns_expert_exchange); their non-expert
+    gradients are reduced with the others (gradient_reductions)."""
     # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
     # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
     # (input_partition_pspec: batch, activation_norm_length -- no tensor axis), so every tp rank sends all.
@@ -268,19 +278,24 @@ def layer_passes(job: Job, plan: Plan, accum: int) -> float:
 
 @dataclass(frozen=True)
 class StepShape:
-    """What every axis's collectives are counted over: the busiest stage's layers, one micro-batch's tokens per
-    chip, the micro-steps and the layer passes per stage (layer_passes)."""
+    """What every axis's collectives are counted over: the busiest stage's layers (and, with uneven pipeline
+    stages, its dense and MoE layers: busiest_kinds), one micro-batch's tokens per chip, the micro-steps, the
+    layer passes per stage (layer_passes) and the weight-sharded axes (weight_shard_degrees)."""
 
     layers: float
+    kinds: tuple[float, float] | None
     tokens: float
     micro_steps: int
     layer_steps: float
+    wdegrees: dict[str, int]
 
 
 def step_shape(m: ModelSpec, job: Job, plan: Plan, accum: int) -> StepShape:
+    """The StepShape of one step of `plan` with `accum` micro-steps."""
     kinds = busiest_kinds(m, plan)
     layers = m.n_layers / layer_stages(m, plan) if kinds is None else kinds[0] + kinds[1]  # the busiest stage's
-    return StepShape(layers, plan.micro_batch * job.seq_len / plan.cp, accum, layer_passes(job, plan, accum))
+    return StepShape(layers, kinds, plan.micro_batch * job.seq_len / plan.cp, accum, layer_passes(job, plan, accum),
+                     weight_shard_degrees(job, plan))
 
 
 def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, st: StageTimes,
@@ -293,7 +308,7 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
     nbytes = s.tokens * m.d_model * BF16
     t = collective_time(link, "all-reduce", nbytes, eff.link, eff.net)
     # MLP bytes per layer, in units of nbytes (a MoE layer's routed rows)
-    dense, moe = busiest_kinds(m, plan) or (m.n_dense_mlp_layers, m.n_moe_layers)
+    dense, moe = s.kinds or (m.n_dense_mlp_layers, m.n_moe_layers)
     mlp_w = (dense + moe * m.routed_rows_per_token) / (dense + moe)
     t_mlp = collective_time(link, "all-reduce", nbytes * mlp_w, eff.link, eff.net)
     # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
@@ -337,7 +352,7 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
     forward and again in backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
     Then the output table's gather and gradient, and under MaxText the embedding rows' all-to-alls."""
     ov = chip.eff.overlap
-    wlinks = [links[a] for a in weight_shard_degrees(job, plan)]
+    wlinks = [links[a] for a in s.wdegrees]
     # One layer's weights on this chip before sharding: the routed experts are gathered over their own
     # group (MaxText: not over ep, which splits them by expert; nothing to gather when fsdp = 1).
     elinks = [links[a] for a in weight_shard_degrees(job, plan, experts=True)]
@@ -351,10 +366,9 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
     flat = job.framework == "deepspeed"
     t_ag = sum(group_time(lks, "all-gather", n * BF16, chip, flat) for lks, n in parts if n)
     t_rs = sum(group_time(lks, "reduce-scatter", n * mem.grad_reduce_bytes, chip, flat) for lks, n in parts if n)
-    layers = s.layers
     exp_f = max(0.0, t_ag - ov * st.layer_fwd)
-    exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / layers))
-    n = layers * s.layer_steps
+    exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / s.layers))
+    n = s.layers * s.layer_steps
     lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
     if maxtext_pipeline(job, plan):
         # MaxText's pipeline keeps the stage's unreduced bf16 gradients through its iteration loop and
@@ -362,10 +376,10 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
         # computation, none in the loop bodies; l2-7b pp2 x fsdp4 on v5p-16), with nothing left to hide behind;
         # the backward's re-gathers hide behind the backward and its recompute. (Listed apart, so that the
         # part recompute can hide is one entry: planner.remat.hideable.)
-        exp_g = max(0.0, t_ag - ov * (st.layer_bwd + st.recompute / layers))
+        exp_g = max(0.0, t_ag - ov * (st.layer_bwd + st.recompute / s.layers))
         out = [_coll("fsdp", "all-gather", "weights fwd", n, wbytes, t_ag, n * exp_f, lvl),
                _coll("fsdp", "all-gather", "weights bwd", n, wbytes, t_ag, n * exp_g, lvl),
-               _coll("fsdp", "reduce-scatter", "stage grads", layers, gbytes, t_rs, layers * t_rs, lvl)]
+               _coll("fsdp", "reduce-scatter", "stage grads", s.layers, gbytes, t_rs, s.layers * t_rs, lvl)]
     else:
         out = [_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl),
                _coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl)]
@@ -395,14 +409,13 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
 
 
 def gradient_reductions(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink],
-                        st: StageTimes, mem: MemoryTerms) -> list[Collective]:
+                        st: StageTimes, mem: MemoryTerms, wdegrees: dict[str, int]) -> list[Collective]:
     """Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
     Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
     gradients are reduced over dp x ep in one collective, the experts' over dp alone.
     (MaxText shards them over ep instead, with the weight-sharded axes: nothing left to all-reduce.)"""
     ov = chip.eff.overlap
-    wdegrees = weight_shard_degrees(job, plan)
     moe_ep = plan.ep > 1 and m.n_moe_layers > 0 and "ep" not in wdegrees
     dp_reduces = plan.dp > 1 and plan.zero < 3
     # MaxText with pp: the embedding tables sit on every stage and see every stage's share of the batch, so their
@@ -441,6 +454,9 @@ def context_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Ax
     kv_bytes = plan.micro_batch * job.seq_len * 2 * m.kv_dim / plan.tp * BF16
     t = collective_time(link, "all-gather", kv_bytes, chip.eff.link, chip.eff.net)
     n = s.layers * s.layer_steps
+    # Forward: one gather hidden behind the layer's attention; backward: the re-gather and the reduce-scatter
+    # behind the attention backward, about 2.5 x its forward (dQ, dK, dV and the scores recomputed:
+    # FlashAttention-2, Dao 2023, sec. 3.1). The exposed time is split over the three collectives equally.
     exposed = n * (max(0.0, t - ov * st.attention_fwd / s.layers)
                    + max(0.0, 2 * t - ov * 2.5 * st.attention_fwd / s.layers))
     return [_coll("cp", "all-gather", "keys/values", 2 * n, kv_bytes, t, exposed * 2 / 3, link.level),
@@ -500,20 +516,13 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     out: list[Collective] = []
     if plan.tp > 1:
         out += tensor_collectives(m, chip, job, plan, links["tp"], st, s)
-    if math.prod(links[a].size for a in weight_shard_degrees(job, plan)) > 1:
+    if math.prod(links[a].size for a in s.wdegrees) > 1:
         out += weight_shard_collectives(m, chip, job, plan, links, st, mem, s)
-    out += gradient_reductions(m, chip, job, plan, links, st, mem)
+    out += gradient_reductions(m, chip, job, plan, links, st, mem, s.wdegrees)
     if plan.cp > 1:
         out += context_collectives(m, chip, job, plan, links["cp"], st, s)
-    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward, and again when the
-    # MoE block is recomputed (its non-expert gradients are reduced with the dp ones above). Under a JAX remat
-    # policy (MaxText) that recomputes anything, the routed tokens are recomputed too: the dispatched and combined
-    # tokens are no named checkpoint, and the experts' weight gradients and the gate gradient need them (the
-    # validator's CPU compiles: 6 all-to-alls per MoE layer under selective remat, not 4); PyTorch frameworks rerun
-    # them only when the MLP itself is recomputed.
     if plan.ep > 1 and m.n_moe_layers:
-        rerun = plan.remat.count("remat") > 0 if job.framework == "maxtext" else plan.remat.mlp_in == "remat"
-        out.append(expert_exchange(m, chip, job, plan, links["ep"], s.layer_steps, rerun))
+        out.append(expert_exchange(m, chip, job, plan, links["ep"], s.layer_steps, reruns_expert_exchange(job, plan)))
     if plan.pp > 1:
         out += stage_transfers(m, chip, job, plan, links["pp"], s)
     return out + host_transfers(chip, plan, st, mem, s)

@@ -317,9 +317,10 @@ def busiest_stage_activations(job: Job, plan: Plan, act_saved: float, inflight: 
     the first stage (the most micro-batches in flight) or the last (one in flight, and the logits)."""
     if maxtext_pipeline(job, plan):
         return act_saved, logits * accum / plan.pp
-    if plan.pp > 1 and act_saved < act_saved / inflight + logits:
-        return act_saved / inflight, logits
-    return act_saved, (0.0 if plan.pp > 1 else logits)
+    if plan.pp == 1:
+        return act_saved, logits
+    first, last = act_saved, act_saved / inflight + logits  # whichever stage holds more is the peak
+    return (act_saved, 0.0) if first >= last else (act_saved / inflight, logits)
 
 
 def layer_activation_bytes(m: ModelSpec, job: Job, plan: Plan, tokens: float, kinds: tuple[float, float] | None,
@@ -358,6 +359,10 @@ def layer_activation_bytes(m: ModelSpec, job: Job, plan: Plan, tokens: float, ki
 
 
 def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
+    """Per-chip memory of one step on the busiest stage, by term (model state, saved activations, the scanned
+    loop's buffers, one layer's working set, logits, collective buffers), under the job's framework convention;
+    with the fit check's figure (fit_floor_bytes under XLA), host memory and the per-layer quantities the
+    collectives and the planner's surrogate read."""
     w_b, g_b, o_b, adam_b = state_convention(job)
     # MaxText differentiates the bf16 compute copy of the weights: XLA reduces that bf16 gradient and converts it
     # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).
@@ -390,7 +395,6 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
 
     # ---- activations --------------------------------------------------------------------------------------
     tokens = plan.micro_batch * job.seq_len / plan.cp
-    choices = plan.remat.choices()
     # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
     saved, offl, act_working = layer_activation_bytes(m, job, plan, tokens, kinds, layers_stage)
     inflight = pipeline_inflight(job, plan, accum, m.n_layers)
@@ -400,7 +404,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     if job.framework == "maxtext" and job.scan_layers and plan.pp == 1:
         layer_grads = grad_params * 4 * body / (body + emb)
         if plan.remat.count("remat") > 0:
-            only_input = plan.remat.count("device") == 1 and choices["layer_input"] == "device"
+            only_input = plan.remat.count("device") == 1 and plan.remat.choices()["layer_input"] == "device"
             loop_buffers = xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
             loop_tp = xla_loop_tp_bytes(act_saved, layer_grads, plan.tp)
     # Logits and loss (vocab-sharded by tp, on the last stage). PyTorch stacks: bf16 logits plus their fp32

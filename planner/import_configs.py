@@ -281,7 +281,7 @@ def _maxtext_remat(k: _Keys, gated: bool, notes: list[str]) -> Remat:
                  out_proj=get("out_proj"), mlp_in=mlp[0], mlp_out=get("mlpwo"), name="custom")
 
 
-def _check_maxtext_keys(data: dict, k: _Keys, where: str) -> None:
+def _check_maxtext_keys(data: dict[str, object], k: _Keys, where: str) -> None:
     """Every key a MaxText 0.2.5 key, and no parallelism over an axis the planner does not model."""
     known = maxtext_key_names()
     for key in data:
@@ -715,6 +715,7 @@ def _megatron_remat(a: _Args, layers_per_chunk: int, where: str, notes: list[str
 
 
 def _megatron_precision(a: _Args, notes: list[str]) -> str:
+    """--bf16 / --fp16 / --fp8-format as the job's precision (fp32 training noted and modelled as bf16)."""
     precision = "fp16" if a.has("--fp16") else "bf16"
     if a.has("--fp8-format"):
         precision = "fp8"
@@ -750,6 +751,7 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     if gbs % (mbs * dp_meg):
         raise InputError(f"{where}: --global-batch-size {gbs} is not divisible by --micro-batch-size x data-parallel "
                          f"size = {mbs} x {dp_meg}")
+    zero = _megatron_zero(a)
     remat = _megatron_remat(a, m.n_layers // (pp * vpp), where, notes)
     offload = a.has("--optimizer-cpu-offload")
     if offload and a.float("--optimizer-offload-fraction", 1.0) < 1.0:
@@ -758,7 +760,7 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     if a.has("--window-size"):
         notes.append("model: --window-size (sliding-window attention) is not read; the model attends globally")
     job = Job(seq_len=a.int("--seq-length"), global_batch=gbs, precision=precision, framework="megatron")
-    plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=_megatron_zero(a),
+    plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=zero,
                 sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload)
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
 

@@ -301,7 +301,9 @@ class Surrogate:
 
     def _time_terms(self, P: Program, R: dict[str, int], Off: dict[str, int], o: int,
                     p: int) -> tuple[list[tuple[int, int]], int]:
-        """The step time in integer nanoseconds as (var, coefficient) terms, and NR (no tensor recomputed)."""
+        """The step time in integer nanoseconds as (var, coefficient) terms, and NR (no tensor recomputed), a
+        variable the memory constraints use too (created here, after the time terms' own, so that the program's
+        variables keep their order)."""
         obj: list[tuple[int, int]] = [(R[t], _ns(self.lam.get(t, 0.0))) for t in RECOMPUTABLE]
         obj += [(o, _ns(self.k_o)), (p, _ns(self.k_p))]
         if self.eps and self.trig:  # A = OR of the trigger tensors' remat (exact in both directions)
@@ -402,24 +404,28 @@ class _Prober:
     """The estimates one probe() makes on a mesh, memoised by choice, and the views of a Cost the surrogate's
     terms are read through (relative to c0, the probe that recomputes and offloads nothing)."""
 
-    def __init__(self, m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, low: tuple[Choice, Cost] | None):
+    def __init__(self, m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None,
+                 low: tuple[Choice, Cost] | None) -> None:
         self.m, self.chip, self.job, self.mesh = m, chip, job, mesh
         self.ev: dict[Choice, Cost] = dict([low]) if low is not None else {}
         self.calls = 0
-        self.c0: Cost | None = None
         self.xla_floor = schedules_to_hbm(job)
         # Time that appears once anything is recomputed: the sequence-parallel re-gather and, under MaxText (a JAX
         # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
         self.once_comm = [("tp", "sequence-parallel re-gather")] + (
             [("ep", "tokens")] if job.framework == "maxtext" else [])
+        self.c0 = base if base is not None else self.run(_choice(NONE))
+        self.ev.setdefault(_choice(NONE), self.c0)
 
     def run(self, ch: Choice) -> Cost:
+        """The estimate for one choice, made once."""
         if ch not in self.ev:
             self.ev[ch] = evaluate(self.m, self.chip, self.job, self.mesh, ch)
             self.calls += 1
         return self.ev[ch]
 
     def once_time(self, c: Cost) -> float:
+        """The exposed time of the once-terms in c beyond c0's."""
         return sum(exposed(c, axis, what) - exposed(self.c0, axis, what) for axis, what in self.once_comm)
 
     def lin(self, c: Cost) -> float:
@@ -438,8 +444,10 @@ def _nu(s: Surrogate, c_min_remat: Cost, t_min: str) -> float:
     return (s.g0 - hideable(c_min_remat)) / (s.rho[t_min] + s.rho_k)
 
 
-def _state_terms(s: Surrogate, pr: _Prober, c0: Cost, c_o: Cost, c_p: Cost) -> None:
-    """Per-mesh terms: communication and model state (optimizer and parameter offload)."""
+def _state_terms(s: Surrogate, pr: _Prober, c_o: Cost, c_p: Cost) -> None:
+    """Per-mesh terms: communication and model state (optimizer and parameter offload), and what the memory
+    constraints need of the mesh (the XLA fit floor or not, the loop's gradient stack, tp)."""
+    c0 = pr.c0
     # (the probes rest() reads recompute nothing, so the fit floor's loop buffer is 0 in them)
     s.xla_floor = pr.xla_floor
     s.loop_G = memory_terms(pr.m, pr.chip, pr.job, pr.mesh.plan(), c0.grad_accum).loop_grad_bytes \
@@ -454,14 +462,14 @@ def _state_terms(s: Surrogate, pr: _Prober, c0: Cost, c_o: Cost, c_p: Cost) -> N
     s.h_o, s.h_p = c_o.host_memory_bytes, c_p.host_memory_bytes
 
 
-SHARED_TERMS = ("lam", "eps", "kappa", "rho_k", "mu", "rho_mu", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi",
+_SHARED_TERMS = ("lam", "eps", "kappa", "rho_k", "mu", "rho_mu", "trig", "rho", "n_tau", "n_c", "B", "a", "b", "xi",
                 "logits", "inflight", "same_stages", "eta")  # the terms a template from the same group_key shares
 
 
 def _from_template(s: Surrogate, pr: _Prober, template: Surrogate) -> None:
     """Take the shared terms from a surrogate of the same group and check them at two more probes ('full' and the
     largest tensor offloaded); the per-mesh nu is read again."""
-    for name in SHARED_TERMS:
+    for name in _SHARED_TERMS:
         setattr(s, name, getattr(template, name))
     pr.run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
     pr.run(_choice(NONE, mlp_in="offload"))
@@ -470,17 +478,19 @@ def _from_template(s: Surrogate, pr: _Prober, template: Surrogate) -> None:
         s.nu = _nu(s, pr.run(_choice(NONE, **{t_min: "remat"})), t_min)
 
 
-def _recompute_terms(s: Surrogate, pr: _Prober, c0: Cost, probes: dict[str, Cost], c_full: Cost) -> None:
-    """Recompute, memory-bound passes and the once-terms, from 'none', each tensor alone recomputed and 'full'."""
-    m = pr.m
+def _recompute_terms(s: Surrogate, pr: _Prober, remat_probes: dict[str, Cost], c_full: Cost) -> None:
+    """What recompute costs: its time, the memory-bound passes and tp collectives it reruns (lam), the once-terms
+    (eps, kappa, rho_k, the MoE pair's mu) and how fast it hides the gradient reduce-scatter (nu); from 'none',
+    each tensor alone recomputed and 'full'."""
+    m, c0 = pr.m, pr.c0
     s.kappa = pr.once_time(c_full)
-    s.rho = {t: probes[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
+    s.rho = {t: remat_probes[t].time.get("recompute", 0.0) for t in RECOMPUTABLE}
     s.trig = tuple(t for t in RECOMPUTABLE if s.rho[t] > 0)
     # what any remat reruns once (costmodel.estimate.rerun_once_ops), in every probe above: out of each rho_t
     some = _choice(NONE, context="remat").remat
     s.rho_k = c0.grad_accum * stage_times(m, pr.chip, pr.job, pr.mesh.plan(some)).recompute_once
     s.rho = {t: r - s.rho_k for t, r in s.rho.items()}
-    dl = {t: pr.lin(probes[t]) - s.L0 for t in RECOMPUTABLE}
+    dl = {t: pr.lin(remat_probes[t]) - s.L0 for t in RECOMPUTABLE}
     n = len(s.trig)
     if m.is_moe and s.rho["mlp_out"] <= 0:  # (of its own: beyond what any remat reruns)
         # mlp_out alone recomputes nothing of its own (MaxText), but a MoE layer reruns its expert output matmul
@@ -499,26 +509,26 @@ def _recompute_terms(s: Surrogate, pr: _Prober, c0: Cost, probes: dict[str, Cost
     s.lam = {t: dl[t] - (s.eps if t in s.trig else 0.0) for t in RECOMPUTABLE}
     if s.g0 > 0 and s.trig:
         t_min = min(s.trig, key=lambda t: s.rho[t])
-        s.nu = _nu(s, probes[t_min], t_min)
+        s.nu = _nu(s, remat_probes[t_min], t_min)
 
 
-def _offload_terms(s: Surrogate, pr: _Prober, c0: Cost, probes: dict[str, Cost]) -> None:
+def _offload_terms(s: Surrogate, pr: _Prober, offload_probes: dict[str, Cost]) -> None:
     """Activation offload: its traffic per tensor, the compute that hides it, and the host memory it takes, from
     each tensor alone offloaded."""
-    acts = {t: _collective(probes[t], "host", "activations") for t in TENSORS}
+    acts = {t: _collective(offload_probes[t], "host", "activations") for t in TENSORS}
     n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
     s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}
     if n:
         everything = _choice(NONE, **dict.fromkeys(TENSORS, "offload"))
         s.n_c = _offload_thresholds(pr.m, pr.chip, pr.job, pr.mesh, n, acts, lambda: pr.run(everything))
-    s.eta = {t: probes[t].host_memory_bytes - c0.host_memory_bytes for t in TENSORS}
+    s.eta = {t: offload_probes[t].host_memory_bytes - pr.c0.host_memory_bytes for t in TENSORS}
 
 
-def _activation_terms(s: Surrogate, pr: _Prober, c0: Cost, c_min: Cost, remat: dict[str, Cost],
-                      offload: dict[str, Cost], c_full: Cost) -> None:
+def _activation_terms(s: Surrogate, pr: _Prober, c_min: Cost, remat_probes: dict[str, Cost],
+                      offload_probes: dict[str, Cost], c_full: Cost) -> None:
     """The saved activations per tensor, with and without anything recomputed, and the logits and pipeline
     in-flight factor they sit beside."""
-    mesh, job = pr.mesh, pr.job
+    mesh, job, c0 = pr.mesh, pr.job, pr.c0
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
     s.logits = c_min.memory.get("logits", 0.0)
     s.inflight = pipeline_inflight(job, mesh.plan(), c0.grad_accum, pr.m.n_layers)
@@ -536,11 +546,11 @@ def _activation_terms(s: Surrogate, pr: _Prober, c0: Cost, c_min: Cost, remat: d
     # Nothing recomputed (NR = 1): 'none' and each tensor alone offloaded give b_t, then xi.
     k0 = ks(c0)
     s.B = ks(c_min)  # layer input offloaded, the rest recomputed: no tensor kept
-    s.b = {t: k0 - ks(offload[t]) for t in TENSORS}
+    s.b = {t: k0 - ks(offload_probes[t]) for t in TENSORS}
     s.xi = k0 - s.B - sum(s.b.values())
     # Something recomputed (NR = 0): 'full' keeps only the layer input; each single-remat probe keeps all but one.
     s.a = {"layer_input": ks(c_full) - s.B}
-    kept = {t: ks(remat[t]) - s.B for t in RECOMPUTABLE}  # = sum of a over the other five tensors
+    kept = {t: ks(remat_probes[t]) - s.B for t in RECOMPUTABLE}  # = sum of a over the other five tensors
     total = (sum(kept.values()) - s.a["layer_input"]) / (len(RECOMPUTABLE) - 1)
     s.a.update({t: total - kept[t] for t in RECOMPUTABLE})
 
@@ -555,9 +565,8 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     the per-mesh state terms are probed (optimizer and parameter offload) and the shared terms are checked at two
     more probes ('full' and the largest tensor offloaded); a miss falls back to probing from scratch."""
     cons = (cons or Constraints()).for_mesh(m, chip, job, mesh)
-    pr = _Prober(m, chip, job, mesh, low)
-    c0 = pr.c0 = base if base is not None else pr.run(_choice(NONE))
-    pr.ev.setdefault(_choice(NONE), c0)
+    pr = _Prober(m, chip, job, mesh, base, low)
+    c0 = pr.c0
     least = _choice(NONE, layer_input="offload", **dict.fromkeys(RECOMPUTABLE, "remat"))
     same = low is not None and low[0].remat.choices() == least.remat.choices() and \
         (low[0].offload_optimizer, low[0].offload_params) == (least.offload_optimizer, least.offload_params)
@@ -566,7 +575,7 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
     # A switch the constraints pin (or the framework forbids) is not probed: its terms stay 0, the program fixes it.
     c_o = pr.run(_choice(NONE, o=True)) if cons.offload_optimizer is not False else c0
     c_p = pr.run(_choice(NONE, p=True)) if cons.offload_params is not False else c0
-    _state_terms(s, pr, c0, c_o, c_p)
+    _state_terms(s, pr, c_o, c_p)
 
     if template is not None:
         _from_template(s, pr, template)
@@ -577,12 +586,12 @@ def probe(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, base: Cost | None = No
         s2, more = probe(m, chip, job, mesh, c0, (least, c_min), cons=cons)
         return s2, pr.calls + more
 
-    remat = {t: pr.run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
-    offload = {t: pr.run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
+    remat_probes = {t: pr.run(_choice(NONE, **{t: "remat"})) for t in RECOMPUTABLE}
+    offload_probes = {t: pr.run(_choice(NONE, **{t: "offload"})) for t in TENSORS}
     c_full = pr.run(_choice(NONE, **dict.fromkeys(RECOMPUTABLE, "remat")))
-    _recompute_terms(s, pr, c0, remat, c_full)
-    _offload_terms(s, pr, c0, offload)
-    _activation_terms(s, pr, c0, c_min, remat, offload, c_full)
+    _recompute_terms(s, pr, remat_probes, c_full)
+    _offload_terms(s, pr, offload_probes)
+    _activation_terms(s, pr, c_min, remat_probes, offload_probes, c_full)
     for ch, cost in pr.ev.items():
         s.check(ch, cost)
     return s, pr.calls
