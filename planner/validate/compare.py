@@ -27,6 +27,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from costmodel.cost import Cost
 from costmodel.estimate import estimate
@@ -36,6 +37,9 @@ from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.chip import Chip
 from planner.validate.scale import Scale, check_devices, scale_down
+
+if TYPE_CHECKING:  # (jax is imported only when a plan runs)
+    from planner.validate.model import Setup
 
 FLASH_BLOCK_FRACTION = 4  # CPU: flash block (at most) = the scaled sequence / 4
 TOLERANCE_PCT = {"flops": 3.0, "matmul_flops": 3.0, "memory_bytes": 10.0, "state_bytes": 10.0, "temp_bytes": 10.0,
@@ -261,49 +265,43 @@ def compile_with_timeout(step, timeout_s: float = 0.0):
     return box["out"]
 
 
-def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, steps: int, time_steps: bool,
-         compute_dtype: str, keep_runner: bool, timeout_s: float = 0.0) -> None:
-    import jax
-
+def _compile(res: PlanResult, cfg: Setup, timeout_s: float) -> tuple:
+    """Compile the plan's step; returns (compiled step, step, memory figures). Under pp the memory comes from the
+    same step with the pipeline ticks as one lax.scan, as MaxText's pipeline iterates: in the unrolled step
+    XLA:CPU's scheduler defers every tick's weight-gradient products to the end of the backward pass, keeping
+    their inputs (FLOPs and collectives come from the unrolled step, which XLA counts tick by tick)."""
     from planner.validate import hlo
-    from planner.validate.model import Setup, build_step, make_mesh
+    from planner.validate.model import build_step, make_mesh
 
-    block = max(1, job.seq_len // FLASH_BLOCK_FRACTION)
-    cfg = Setup(small, plan, job.seq_len, job.global_batch, compute_dtype, flash_block=block)
-    step = build_step(cfg, make_mesh(plan))
+    step = build_step(cfg, make_mesh(cfg.plan))
     t0 = time.perf_counter()
     compiled = compile_with_timeout(step, timeout_s)
-    res.compile_s = time.perf_counter() - t0
     mem = hlo.memory(compiled)
-    if plan.pp > 1:
-        # Memory from the same step with the pipeline ticks as one lax.scan, as MaxText's pipeline iterates: in the
-        # unrolled step XLA:CPU's scheduler defers every tick's weight-gradient products to the end of the
-        # backward pass, keeping their inputs (FLOPs and collectives come from the unrolled step, which XLA
-        # counts tick by tick).
+    if cfg.plan.pp > 1:
         scanned = build_step(replace(cfg, scan_pipeline=True), step.mesh)
         mem = hlo.memory(compile_with_timeout(scanned, timeout_s))
-        res.compile_s = time.perf_counter() - t0
-    flops = hlo.flops(compiled)
-    platform = jax.devices()[0].platform
-    text = compiled.as_text()
-    if os.environ.get("PLANNER_VALIDATE_DUMP"):  # debugging: keep the optimized HLO of every plan
-        Path(os.environ["PLANNER_VALIDATE_DUMP"], f"{Path(res.name).name}.hlo.txt").write_text(text)
-    colls = hlo.collectives(text, dict(step.mesh.shape))
-    merge = platform == "cpu"
-    xla_coll: dict[str, float] = {}
-    by_axis: dict[str, float] = {}
-    for c in colls:
-        kind = "all-reduce+reduce-scatter" if merge and c.kind in ("all-reduce", "reduce-scatter") else c.kind
-        xla_coll[kind] = xla_coll.get(kind, 0.0) + c.bytes
-        by_axis[f"{c.kind}@{c.axes or '?'}"] = by_axis.get(f"{c.kind}@{c.axes or '?'}", 0.0) + c.bytes
-    res.xla = {"memory": mem, "flops": flops, "matmul_flops": hlo.matmul_flops(text), "collectives_by_axis": by_axis,
-               "platform": platform}
+    res.compile_s = time.perf_counter() - t0
+    return compiled, step, mem
 
-    act_bytes = 4 if compute_dtype == "float32" else 2
-    cost = predict(small, chip, job, plan, act_bytes)
-    res.predicted_step_s = cost.step_time_s
-    name = res.name
-    # FLOPs per device
+
+def _xla_collectives(text: str, mesh_shape: dict[str, int], merge: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """Collective bytes per device in the compiled HLO: (by kind, by kind@axes). merge: all-reduce and
+    reduce-scatter as one kind (XLA:CPU emits a reduce-scatter as an all-reduce and a slice)."""
+    from planner.validate import hlo
+
+    by_kind: dict[str, float] = {}
+    by_axis: dict[str, float] = {}
+    for c in hlo.collectives(text, mesh_shape):
+        kind = "all-reduce+reduce-scatter" if merge and c.kind in ("all-reduce", "reduce-scatter") else c.kind
+        by_kind[kind] = by_kind.get(kind, 0.0) + c.bytes
+        by_axis[f"{c.kind}@{c.axes or '?'}"] = by_axis.get(f"{c.kind}@{c.axes or '?'}", 0.0) + c.bytes
+    return by_kind, by_axis
+
+
+def _flops_checks(name: str, cost: Cost, small: ModelSpec, job: Job, plan: Plan, block: int, flops: float,
+                  matmul_flops: float) -> list[Check]:
+    """FLOPs per device: the cost model's hardware FLOPs plus what the validator's flash attention and pipeline
+    ticks compute beyond them (and the element-wise ops, which XLA's cost analysis counts)."""
     extra = flash_flops_adjustment(small, job, plan, block)
     pred_flops = cost.hardware_flops_per_step / plan.chips + extra
     why = f"cost model {cost.hardware_flops_per_step / plan.chips:.4g} + flash-attention blocks {extra:.4g}"
@@ -312,35 +310,70 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
         pred_flops += pipe
         why += f" + pipeline bubble ticks {pipe:.4g}"
     vec = cost.vector_flops_per_step / plan.chips
-    res.checks.append(_check(name, "flops", pred_flops + vec, flops,
-                             f"{why} + element-wise {vec:.4g}; XLA cost_analysis incl. element-wise ops"))
-    res.checks.append(_check(name, "matmul_flops", pred_flops, hlo.matmul_flops(text),
-                             why + "; XLA: the dots of the optimized HLO"))
-    # Memory per device
+    return [_check(name, "flops", pred_flops + vec, flops,
+                   f"{why} + element-wise {vec:.4g}; XLA cost_analysis incl. element-wise ops"),
+            _check(name, "matmul_flops", pred_flops, matmul_flops, why + "; XLA: the dots of the optimized HLO")]
+
+
+def _memory_checks(name: str, cost: Cost, small: ModelSpec, chip: Chip, job: Job, plan: Plan, mem: dict,
+                   compute_dtype: str, act_bytes: int) -> list[Check]:
+    """Memory per device: the whole, the model state and the rest (temporaries), each against XLA's figures."""
     b = cost.memory
     working_copy = 0.0
-    if compute_dtype == "float32":
+    if compute_dtype == "float32":  # no bf16 compute copy of the weights in an fp32 step
         working_copy = b["weights"] - _param_bytes(small, chip, job, plan, act_bytes)
     batch_bytes = 2 * job.global_batch * job.seq_len * 4 / (plan.batch_shards * plan.cp)
     state_pred = b["weights"] - working_copy + b["optimizer"]
     state_xla = mem["argument"] - batch_bytes - 4  # minus tokens, targets and the step counter
     peak_pred = cost.peak_memory_bytes - working_copy
-    state_note = "fp32 weights + Adam moments"
-    res.checks.append(_check(name, "memory_bytes", peak_pred, mem["peak"],
-                             "XLA: argument + output + temp - alias; prediction without the bf16 compute copy"
-                             if working_copy else "XLA: argument + output + temp - alias"))
-    res.checks.append(_check(name, "state_bytes", state_pred, state_xla, state_note))
-    res.checks.append(_check(name, "temp_bytes", peak_pred - state_pred, mem["temp"] + mem["output"] - mem["alias"],
-                             "gradients, activations, logits, gathered weights (XLA temp + unaliased output)"))
-    # Collectives per kind
+    return [_check(name, "memory_bytes", peak_pred, mem["peak"],
+                   "XLA: argument + output + temp - alias; prediction without the bf16 compute copy"
+                   if working_copy else "XLA: argument + output + temp - alias"),
+            _check(name, "state_bytes", state_pred, state_xla, "fp32 weights + Adam moments"),
+            _check(name, "temp_bytes", peak_pred - state_pred, mem["temp"] + mem["output"] - mem["alias"],
+                   "gradients, activations, logits, gathered weights (XLA temp + unaliased output)")]
+
+
+def _collective_checks(name: str, cost: Cost, plan: Plan, xla_coll: dict[str, float], merge: bool) -> list[Check]:
+    """Collective bytes per kind: every kind either side lists."""
     pred_coll = predicted_collectives(cost, plan, merge)
+    out = []
     for kind in sorted(set(pred_coll) | set(xla_coll)):
         pv, why = pred_coll.get(kind, (0.0, "not predicted"))
         note = f"predicted from: {why}" if kind in pred_coll else "not in the cost model"
         if merge and kind == "all-reduce+reduce-scatter":
             note += "; XLA:CPU emits reduce-scatter as all-reduce + slice"
-        res.checks.append(_check(name, f"collective_bytes:{kind}", pv, xla_coll.get(kind, 0.0), note))
+        out.append(_check(name, f"collective_bytes:{kind}", pv, xla_coll.get(kind, 0.0), note))
+    return out
 
+
+def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, steps: int, time_steps: bool,
+         compute_dtype: str, keep_runner: bool, timeout_s: float = 0.0) -> None:
+    import jax
+
+    from planner.validate import hlo
+    from planner.validate.model import Setup
+
+    block = max(1, job.seq_len // FLASH_BLOCK_FRACTION)
+    cfg = Setup(small, plan, job.seq_len, job.global_batch, compute_dtype, flash_block=block)
+    compiled, step, mem = _compile(res, cfg, timeout_s)
+    flops = hlo.flops(compiled)
+    platform = jax.devices()[0].platform
+    text = compiled.as_text()
+    if os.environ.get("PLANNER_VALIDATE_DUMP"):  # debugging: keep the optimized HLO of every plan
+        Path(os.environ["PLANNER_VALIDATE_DUMP"], f"{Path(res.name).name}.hlo.txt").write_text(text)
+    merge = platform == "cpu"
+    xla_coll, by_axis = _xla_collectives(text, dict(step.mesh.shape), merge)
+    matmul = hlo.matmul_flops(text)
+    res.xla = {"memory": mem, "flops": flops, "matmul_flops": matmul, "collectives_by_axis": by_axis,
+               "platform": platform}
+
+    act_bytes = 4 if compute_dtype == "float32" else 2
+    cost = predict(small, chip, job, plan, act_bytes)
+    res.predicted_step_s = cost.step_time_s
+    res.checks += _flops_checks(res.name, cost, small, job, plan, block, flops, matmul)
+    res.checks += _memory_checks(res.name, cost, small, chip, job, plan, mem, compute_dtype, act_bytes)
+    res.checks += _collective_checks(res.name, cost, plan, xla_coll, merge)
     if time_steps and steps > 0:
         runner = StepRunner(compiled, step.inputs())
         res.step_times_s = runner.run(steps)
