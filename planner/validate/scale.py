@@ -74,13 +74,9 @@ def pipeline_unsupported(plan: Plan, n_layers: int, micro_steps: int) -> str:
     return ""
 
 
-def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec, Job, list[str]]:
-    """(scaled model, job with one micro-batch per batch shard, notes). Raises InputError if it cannot divide."""
-    why = unsupported(plan)
-    if why:
-        raise InputError(why)
-    notes: list[str] = []
-    tp, cp, ep = plan.tp, plan.cp, plan.ep
+def _scaled_heads(m: ModelSpec, tp: int, s: Scale) -> tuple[int, int, int]:
+    """(query heads, KV heads, d_model): 8 query heads (at least tp), KV heads keeping the model's grouping and
+    divisible by tp, 8 dimensions per head at least."""
     n_heads = _round_up(8, tp)
     ratio = max(1, m.n_heads // m.n_kv_heads)  # queries per KV head in the full model
     kv = n_heads // min(ratio, n_heads)
@@ -93,47 +89,55 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
     d_model = max(s.d_model, n_heads * 8)
     if d_model % n_heads:
         d_model = _round_up(d_model, n_heads)
-    head_dim = d_model // n_heads
-    seq = _round_up(s.seq_len, cp)
-    vocab = _round_up(s.vocab, tp)
-    ffn = _round_up(s.ffn_mult * d_model, tp)
-    moe: dict = dict(n_experts=0, experts_per_token=0, moe_ffn_dim=0, n_dense_layers=0, n_shared_experts=0,
-                     capacity_factor=0.0)
-    if m.is_moe:
-        e = min(m.n_experts, s.max_experts)
-        e = _round_up(max(e, ep), ep)
-        k = min(m.experts_per_token, 2, e)
-        # capacity factor 1: the CPU validator routes with a per-sequence expert capacity (planner.validate.model
-        # .capacity), not MaxText's dropless ragged buffers (costmodel.memory.routed_buffer_factor), which the TPU
-        # compile runs (planner.validate.model.moe_dropless; XLA:CPU lacks the ragged all-to-all)
-        # Shared experts kept (at most 2); one leading dense layer kept when the model has some (the rest of the
-        # scaled layers MoE), except under pp, whose stages stack alike layers (planner.validate.pipeline).
-        dense = min(m.n_dense_layers, 1, s.n_layers - 1) if plan.pp == 1 else 0
-        moe = dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, tp), n_dense_layers=dense,
-                   n_shared_experts=min(m.n_shared_experts, 2), capacity_factor=1.0)
-        if m.n_dense_layers and not dense:
-            why = "pipeline stages run alike layers" if plan.pp > 1 else "the one scaled layer is a MoE layer"
-            notes.append(f"leading dense layers dropped ({why})")
-    elif ep > 1:
-        raise InputError(f"ep={ep}: expert parallelism needs a MoE model; {m.name} is dense (use --ep 1)")
-    mla: dict = dict(q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0)
-    if m.is_mla:  # DeepSeek-V3's proportions: qk heads 2/3 nope + 1/3 rope, values as wide as the nope part,
-        # latents d/4 (queries, when the model has one) and d/8 (keys/values)
-        rope = max(2, head_dim // 2)
-        head_dim, mla = head_dim + rope, dict(q_lora_rank=d_model // 4 if m.q_lora_rank else 0,
-                                              kv_lora_rank=d_model // 8, qk_rope_head_dim=rope, v_head_dim=head_dim)
-    window: dict = dict(sliding_window=0, local_per_global=0)
-    if m.sliding_window:  # a quarter of the scaled sequence; with a local/global pattern one global layer at least
-        k = 0 if plan.pp > 1 else min(m.local_per_global, s.n_layers - 1)  # pp: stages run alike layers
-        window = dict(sliding_window=max(1, seq // 4), local_per_global=k)
-        if m.local_per_global and not k:
-            notes.append("every layer local (pipeline stages run alike layers)")
-    if plan.cp > 1 and m.is_moe:
-        raise InputError("cp with MoE: the validator routes tokens per sequence and needs the sequence unsplit; "
-                         "use --cp 1 for MoE models")
-    small = replace(
-        m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
-        head_dim=head_dim, ffn_dim=ffn, vocab_size=vocab, **window, **mla, **moe)
+    return n_heads, kv, d_model
+
+
+def _scaled_moe(m: ModelSpec, plan: Plan, s: Scale, d_model: int, notes: list[str]) -> dict:
+    """The MoE fields of the scaled model (all 0 for a dense one)."""
+    if not m.is_moe:
+        if plan.ep > 1:
+            raise InputError(f"ep={plan.ep}: expert parallelism needs a MoE model; {m.name} is dense (use --ep 1)")
+        return dict(n_experts=0, experts_per_token=0, moe_ffn_dim=0, n_dense_layers=0, n_shared_experts=0,
+                    capacity_factor=0.0)
+    e = min(m.n_experts, s.max_experts)
+    e = _round_up(max(e, plan.ep), plan.ep)
+    k = min(m.experts_per_token, 2, e)
+    # capacity factor 1: the CPU validator routes with a per-sequence expert capacity (planner.validate.model
+    # .capacity), not MaxText's dropless ragged buffers (costmodel.memory.routed_buffer_factor), which the TPU
+    # compile runs (planner.validate.model.moe_dropless; XLA:CPU lacks the ragged all-to-all)
+    # Shared experts kept (at most 2); one leading dense layer kept when the model has some (the rest of the
+    # scaled layers MoE), except under pp, whose stages stack alike layers (planner.validate.pipeline).
+    dense = min(m.n_dense_layers, 1, s.n_layers - 1) if plan.pp == 1 else 0
+    if m.n_dense_layers and not dense:
+        why = "pipeline stages run alike layers" if plan.pp > 1 else "the one scaled layer is a MoE layer"
+        notes.append(f"leading dense layers dropped ({why})")
+    return dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, plan.tp), n_dense_layers=dense,
+                n_shared_experts=min(m.n_shared_experts, 2), capacity_factor=1.0)
+
+
+def _scaled_mla(m: ModelSpec, head_dim: int, d_model: int) -> tuple[int, dict]:
+    """(head_dim, the MLA fields). DeepSeek-V3's proportions: qk heads 2/3 nope + 1/3 rope, values as wide as the
+    nope part, latents d/4 (queries, when the model has one) and d/8 (keys/values)."""
+    if not m.is_mla:
+        return head_dim, dict(q_lora_rank=0, kv_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0)
+    rope = max(2, head_dim // 2)
+    return head_dim + rope, dict(q_lora_rank=d_model // 4 if m.q_lora_rank else 0, kv_lora_rank=d_model // 8,
+                                 qk_rope_head_dim=rope, v_head_dim=head_dim)
+
+
+def _scaled_window(m: ModelSpec, plan: Plan, s: Scale, seq: int, notes: list[str]) -> dict:
+    """Sliding windows: a quarter of the scaled sequence; with a local/global pattern one global layer at least
+    (under pp every layer local: stages run alike layers)."""
+    if not m.sliding_window:
+        return dict(sliding_window=0, local_per_global=0)
+    k = 0 if plan.pp > 1 else min(m.local_per_global, s.n_layers - 1)
+    if m.local_per_global and not k:
+        notes.append("every layer local (pipeline stages run alike layers)")
+    return dict(sliding_window=max(1, seq // 4), local_per_global=k)
+
+
+def _scaled_job(plan: Plan, s: Scale, seq: int) -> Job:
+    """One micro-batch per batch shard; a pipeline plan's micro-batches (s.micro_steps, default pp) per step."""
     if s.micro_steps > 1 and plan.pp == 1:
         raise InputError(f"--grad-accum: {s.micro_steps} micro-batches; the validator accumulates gradients over "
                          "micro-batches only in pipeline plans (--pp > 1); use --grad-accum 1 (or 0)")
@@ -141,8 +145,30 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
     why = pipeline_unsupported(plan, s.n_layers, accum)
     if why:
         raise InputError(why)
-    job = Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch * accum, precision="bf16",
-              framework="maxtext", scan_layers=False)  # the validator unrolls its layers
+    return Job(seq_len=seq, global_batch=plan.batch_shards * plan.micro_batch * accum, precision="bf16",
+               framework="maxtext", scan_layers=False)  # the validator unrolls its layers
+
+
+def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec, Job, list[str]]:
+    """(scaled model, job with one micro-batch per batch shard, notes). Raises InputError if it cannot divide."""
+    why = unsupported(plan)
+    if why:
+        raise InputError(why)
+    notes: list[str] = []
+    tp, cp = plan.tp, plan.cp
+    n_heads, kv, d_model = _scaled_heads(m, tp, s)
+    seq = _round_up(s.seq_len, cp)
+    moe = _scaled_moe(m, plan, s, d_model, notes)
+    head_dim, mla = _scaled_mla(m, d_model // n_heads, d_model)
+    window = _scaled_window(m, plan, s, seq, notes)
+    if plan.cp > 1 and m.is_moe:
+        raise InputError("cp with MoE: the validator routes tokens per sequence and needs the sequence unsplit; "
+                         "use --cp 1 for MoE models")
+    small = replace(
+        m, name=f"{m.name}-scaled", n_layers=s.n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=kv,
+        head_dim=head_dim, ffn_dim=_round_up(s.ffn_mult * d_model, tp), vocab_size=_round_up(s.vocab, tp), **window,
+        **mla, **moe)
+    job = _scaled_job(plan, s, seq)
     if math.gcd(seq, cp) != cp:
         raise InputError(f"cp={cp}: does not divide the scaled sequence length {seq}")
     return small, job, notes
