@@ -38,7 +38,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
-from costmodel.plan import REMAT_POLICIES, pipeline_split
+from costmodel.job import Job
+from costmodel.model import ModelSpec
+from costmodel.plan import REMAT_POLICIES, Plan, pipeline_split
 from hardware.errors import InputError
 from planner.adapt import Adapted, named_policy, nearest_policy
 from planner.candidates import Constraints
@@ -122,6 +124,12 @@ def megatron_args(pf: PlanFile) -> tuple[list[str], Adapted]:
     notes = list(ad.notes)
     if plan.cp > 1 and job.seq_len % (2 * plan.cp):
         raise InputError(f"cp: Megatron-LM needs seq_len ({job.seq_len}) divisible by 2 * cp = {2 * plan.cp}")
+    a = _model_args(m, notes) + _parallel_args(m, job, plan) + _training_args(job, plan)
+    return a, replace(ad, notes=tuple(notes))
+
+
+def _model_args(m: ModelSpec, notes: list[str]) -> list[str]:
+    """The model's shape: attention (GQA or MLA), MLP, embeddings, MoE; what Megatron cannot express noted."""
     a: list[str] = ["--num-layers", str(m.n_layers), "--hidden-size", str(m.d_model),
                     "--ffn-hidden-size", str(m.ffn_dim), "--num-attention-heads", str(m.n_heads)]
     if m.is_mla:
@@ -151,16 +159,25 @@ def megatron_args(pf: PlanFile) -> tuple[list[str], Adapted]:
     if m.sliding_window:
         notes.append(f"model: sliding-window attention ({m.sliding_window} tokens) is not exported; add "
                      "Megatron's window-attention flags by hand")
-    a += ["--seq-length", str(job.seq_len), "--max-position-embeddings", str(job.seq_len),
-          "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(job.global_batch),
-          "--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    return a
+
+
+def _parallel_args(m: ModelSpec, job: Job, plan: Plan) -> list[str]:
+    """Batch, sequence and the parallel degrees, with the (uneven) pipeline split and gradient overlap."""
+    a = ["--seq-length", str(job.seq_len), "--max-position-embeddings", str(job.seq_len),
+         "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(job.global_batch),
+         "--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     even = m.n_layers % (plan.pp * plan.vpp) == 0
     if plan.vpp > 1:
         a += (["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (plan.pp * plan.vpp))] if even
               else ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)])
     if not even:
-        first, _, last = pipeline_split(m.n_layers, plan.pp, plan.vpp)
-        a += ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers", str(last)]
+        split = pipeline_split(m.n_layers, plan.pp, plan.vpp)
+        if split is None:
+            raise InputError(f"pp*vpp: {m.n_layers} layers cannot be split over pp={plan.pp} stages x "
+                             f"vpp={plan.vpp}; use a pp*vpp that divides {m.n_layers}")
+        a += ["--decoder-first-pipeline-num-layers", str(split[0]), "--decoder-last-pipeline-num-layers",
+              str(split[2])]
     a += ["--context-parallel-size", str(plan.cp)]
     if plan.ep > 1:
         a += ["--expert-model-parallel-size", str(plan.ep)]
@@ -172,6 +189,12 @@ def megatron_args(pf: PlanFile) -> tuple[list[str], Adapted]:
         a += ["--overlap-grad-reduce"]
         if plan.zero >= 1:
             a += ["--overlap-param-gather"]
+    return a
+
+
+def _training_args(job: Job, plan: Plan) -> list[str]:
+    """Recompute, optimizer offload and precision."""
+    a: list[str] = []
     if plan.remat.name == "selective":
         a += ["--recompute-granularity", "selective"]
     elif plan.remat.name == "full":
@@ -184,7 +207,7 @@ def megatron_args(pf: PlanFile) -> tuple[list[str], Adapted]:
         a += ["--bf16"]
         if job.precision == "fp8":
             a += ["--fp8-format", "hybrid"]
-    return a, replace(ad, notes=tuple(notes))
+    return a
 
 
 def _lines(args: list[str]) -> list[str]:

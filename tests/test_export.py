@@ -446,3 +446,17 @@ def test_import_maxtext_pipeline_with_accumulation(tmp_path):
     assert (got.plan.pp, got.plan.vpp, got.plan.fsdp, got.plan.micro_batch) == (4, 20, 16, 1)
     assert got.job == Job(2048, 256, "int8", "maxtext") and got.plan.remat == REMAT_POLICIES["full"]
     assert any("drains the pipeline on each of the 2 accumulation steps" in n for n in res.notes)
+
+
+def test_megatron_args_refuses_an_unsplittable_pipeline_in_one_line():
+    """A plan built in Python (no plan-file check) whose layers cannot be split over pp x vpp: an InputError naming
+    pp*vpp, not a traceback (61 layers, 2 stages x 2 virtual stages: 61 is odd, so no stage gets a multiple of 2)."""
+    from planner.export_megatron import megatron_args
+
+    m = load_model("deepseek-v3-671b")
+    plan = Plan(dp=2, tp=8, pp=2, vpp=2, ep=8, sequence_parallel=True)
+    pf = PlanFile(model=m, hardware=load_hardware("h100-sxm"), chips=plan.chips,
+                  job=Job(4096, 64, framework="megatron"), plan=plan, model_ref="deepseek-v3-671b",
+                  hardware_ref="h100-sxm")
+    with pytest.raises(InputError, match=r"pp\*vpp: 61 layers cannot be split over pp=2 stages x vpp=2"):
+        megatron_args(pf)
