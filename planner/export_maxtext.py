@@ -86,6 +86,20 @@ def _pipeline_fit(pf: PlanFile, plan) -> tuple[Any, str]:
                      f"global_batch / (dp*fsdp*ep) = {per_shard} sequences per batch shard is not")
 
 
+def _batch_fit(pf: PlanFile, plan) -> tuple[Any, str]:
+    """The global batch must split over the batch shards (dp * fsdp * ep) in whole micro-batches; moving pipeline
+    stages or ZeRO-3's dp into fsdp (above) multiplies the shards, so the micro-batch may have to shrink."""
+    shards, gb = plan.batch_shards, pf.job.global_batch
+    if gb % (shards * plan.micro_batch) == 0:
+        return plan, ""
+    if gb % shards:
+        raise InputError(f"global_batch: MaxText runs this plan as dp={plan.dp} fsdp={plan.fsdp} ep={plan.ep}, "
+                         f"{shards} batch shards, which {gb} sequences do not divide; expected a multiple of {shards}")
+    mb = max(b for b in range(1, plan.micro_batch) if (gb // shards) % b == 0)
+    return plan.with_(micro_batch=mb), (f"batch: {gb} sequences over {shards} batch shards; micro_batch "
+                                        f"{plan.micro_batch} -> {mb}")
+
+
 def maxtext_plan(pf: PlanFile) -> Adapted:
     """The nearest plan MaxText 0.2.5 can run (and the job under MaxText's state convention)."""
     plan, job, notes = pf.plan, pf.job, []
@@ -111,9 +125,10 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
         if plan.tp > 1:
             notes.append("sequence_parallel false: MaxText always shards the activations between layers over "
                          "`tensor`; sequence_parallel -> true")
-    plan, why = _pipeline_fit(pf, plan)
-    if why:
-        notes.append(why)
+    for fit in (_batch_fit, _pipeline_fit):
+        plan, why = fit(pf, plan)
+        if why:
+            notes.append(why)
     named = named_policy(plan.remat, MAXTEXT_POLICIES)
     plan = plan.with_(remat=named or replace(plan.remat, name="custom"))
     if job.framework != "maxtext":

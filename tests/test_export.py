@@ -460,3 +460,24 @@ def test_megatron_args_refuses_an_unsplittable_pipeline_in_one_line():
                   hardware_ref="h100-sxm")
     with pytest.raises(InputError, match=r"pp\*vpp: 61 layers cannot be split over pp=2 stages x vpp=2"):
         megatron_args(pf)
+
+
+def test_maxtext_export_refits_the_batch_after_moving_stages_to_fsdp():
+    """A Megatron plan with an uneven pipeline (61 layers over 3 stages) exports to MaxText with the stages moved
+    to fsdp (2 -> 6 batch shards): 6 sequences of 3 per micro-batch no longer divide, so the micro-batch shrinks
+    to 1 (noted); 4 sequences cannot split over 6 shards at all: a one-line error, not a ZeroDivisionError."""
+    from planner.export_maxtext import maxtext_plan
+
+    m, chip = load_model("deepseek-v3-671b"), load_hardware("h100-sxm")
+    plan = Plan(fsdp=2, tp=16, pp=3, micro_batch=3)
+
+    def pf(gb: int) -> PlanFile:
+        return PlanFile(model=m, hardware=chip, chips=plan.chips, job=Job(4096, gb, framework="megatron"),
+                        plan=plan, model_ref="deepseek-v3-671b", hardware_ref="h100-sxm")
+
+    ad = maxtext_plan(pf(6))
+    assert (ad.plan.pp, ad.plan.fsdp, ad.plan.micro_batch) == (1, 6, 1)
+    assert any("micro_batch 3 -> 1" in n for n in ad.notes)
+    with pytest.raises(InputError, match="global_batch: MaxText runs this plan as dp=1 fsdp=6 ep=1, 6 batch "
+                                         "shards, which 4 sequences do not divide; expected a multiple of 6"):
+        maxtext_plan(pf(4))
