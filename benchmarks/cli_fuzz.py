@@ -1,12 +1,14 @@
-"""Random `planner suggest`, `estimate` and `explain` calls: exit codes, tracebacks and suggest's latency.
+"""Random `planner suggest`, `estimate`, `explain` and `export` calls: exit codes, tracebacks, suggest's latency.
 
 Usage: python benchmarks/cli_fuzz.py [--seed 1] [--suggest 150] [--plans 300] [--write]
 Draws models (presets and sizes), hardware, chip counts, sequence lengths, batches, frameworks and precisions at
 random, and for estimate/explain random degree factorizations of the chip count, remat policies and offloads
-(some invalid on purpose). Each call runs in-process through the CLI's own entry point (cli.main.main), so a
-traceback is an exception that escaped it. Prints exit codes by command, every call that raised or exited with
-a code other than 0 (a plan), 1 (nothing fits) or 2 (bad input, one `error:` line on stderr), suggest's wall
-time percentiles (start-up excluded) and its slowest calls. --write saves benchmarks/cli_fuzz_report.txt.
+(some invalid on purpose); a share of the estimates saves its plan file, which `export` then turns into a MaxText,
+Megatron-LM or JSON config (the nearest plan that framework runs). Each call runs in-process through the CLI's own
+entry point (cli.main.main), so a traceback is an exception that escaped it. Prints exit codes by command, every
+call that raised or exited with a code other than 0 (a plan), 1 (nothing fits) or 2 (bad input, one `error:` line
+on stderr), suggest's wall time percentiles (start-up excluded) and its slowest calls. --write saves
+benchmarks/cli_fuzz_report.txt.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import io
 import random
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -120,7 +123,12 @@ def main() -> None:
     runs = [suggest_args(rnd) for _ in range(a.suggest)] + [plan_args(rnd) for _ in range(a.plans)]
     codes: dict[str, dict[int, int]] = {}
     problems, times = [], []
-    for args in runs:
+    tmp = Path(tempfile.mkdtemp(prefix="cli_fuzz_"))
+    queue = list(runs)
+    while queue:
+        args = queue.pop(0)
+        if args[0] == "estimate" and rnd.random() < 0.4:  # then export the saved plan
+            args = [*args, "--save-plan", str(tmp / "plan.yml")]
         code, err, tb, secs = call(args)
         cmd = args[0]
         codes.setdefault(cmd, {}).setdefault(code, 0)
@@ -129,8 +137,13 @@ def main() -> None:
             problems.append(f"  {p}\n    planner {' '.join(args)}")
         if cmd == "suggest" and code in (0, 1):
             times.append((secs, " ".join(x for x in args[1:] if x != "--json")))
+        if cmd == "estimate" and code == 0 and "--save-plan" in args:
+            fmt = rnd.choice(["maxtext", "megatron", "json"])
+            queue.insert(0, ["export", "--plan", str(tmp / "plan.yml"), "--format", fmt,
+                             "-o", str(tmp / f"out.{fmt}")])
     times.sort()
-    lines = [f"# planner CLI fuzz: seed {a.seed}, {a.suggest} suggest and {a.plans} estimate/explain calls, in-process",
+    lines = [f"# planner CLI fuzz: seed {a.seed}, {a.suggest} suggest and {a.plans} estimate/explain calls (and an "
+             "export of a share of the estimates' plans), in-process",
              "exit codes by command (0 plan, 1 nothing fits, 2 bad input):"]
     lines += [f"  {cmd:9s} " + ", ".join(f"{c}: {n}" for c, n in sorted(v.items())) for cmd, v in sorted(codes.items())]
     lines.append(f"calls that raised, exited otherwise or broke the one-line error rule: {len(problems)}")
