@@ -38,7 +38,7 @@ from pathlib import Path
 
 from costmodel.model import ModelSpec
 from hardware.errors import InputError, unknown
-from hardware.yamlio import build, read_yaml
+from hardware.yamlio import build, file_stamp, read_yaml
 
 MODEL_DIR = Path(__file__).parent / "models"
 
@@ -72,17 +72,26 @@ def _build(data: dict, where: str) -> ModelSpec:
         raise InputError(msg if msg.startswith(where) else f"{where}: {msg}") from None
 
 
-@cache
 def _load_file(path: str) -> ModelSpec:
+    return _load_stamped(path, file_stamp(path))
+
+
+@cache
+def _load_stamped(path: str, stamp: tuple[int, int] | None) -> ModelSpec:
+    """A model file, parsed once per version of it (stamp: hardware.yamlio.file_stamp)."""
     return _build(read_yaml(path), Path(path).name)
 
 
-@cache
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset by name, a user's model YAML by path, or a size shorthand ('70B', '1T'); see module doc."""
     text = str(name_or_path).strip()
     if text.endswith((".yaml", ".yml")) or "/" in text:
-        return _load_file(str(Path(text).resolve()))
+        return _load_file(str(Path(text).resolve()))  # re-read when the file changes
+    return _load_named(text)
+
+
+@cache
+def _load_named(text: str) -> ModelSpec:
     names = preset_names()
     if text.lower() in names:
         return _load_file(str(MODEL_DIR / f"{text.lower()}.yaml"))

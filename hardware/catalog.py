@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hardware.chip import Chip, Efficiency
 from hardware.errors import InputError, unknown
-from hardware.yamlio import build, read_yaml
+from hardware.yamlio import build, file_stamp, read_yaml
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
@@ -19,8 +19,13 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-@cache
 def _load_file(path: str) -> Chip:
+    return _load_stamped(path, file_stamp(path))
+
+
+@cache
+def _load_stamped(path: str, stamp: tuple[int, int] | None) -> Chip:
+    """A profile file, parsed and checked once per version of it (stamp: hardware.yamlio.file_stamp)."""
     chip = build(Chip, read_yaml(path), Path(path).name)
     _check(chip, Path(path).name)
     return chip
@@ -42,8 +47,13 @@ def _check(chip: Chip, where: str) -> None:
     if not chip.levels:
         raise InputError(f"{where}: field 'levels' must list at least one interconnect level")
     for i, lv in enumerate(chip.levels):
-        if lv.bw_per_dir_Bps <= 0:
-            raise InputError(f"{where}: levels[{i}].bw_per_dir_Bps must be > 0, got {lv.bw_per_dir_Bps}")
+        if not (math.isfinite(lv.bw_per_dir_Bps) and lv.bw_per_dir_Bps > 0):
+            raise InputError(f"{where}: levels[{i}].bw_per_dir_Bps must be a finite number > 0, "
+                             f"got {lv.bw_per_dir_Bps}")
+        if not (math.isfinite(lv.latency_s) and lv.latency_s >= 0):
+            raise InputError(f"{where}: levels[{i}].latency_s must be a finite number >= 0, got {lv.latency_s}")
+        if lv.domain_chips < 0:
+            raise InputError(f"{where}: levels[{i}].domain_chips must be >= 0 (0: unbounded), got {lv.domain_chips}")
         if lv.kind not in ("torus", "switch", "network"):
             raise InputError(f"{where}: levels[{i}].kind must be torus, switch or network, got {lv.kind!r}")
 

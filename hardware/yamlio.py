@@ -15,6 +15,16 @@ from hardware.errors import InputError, did_you_mean
 MAX_FILE_BYTES = 1_000_000  # user files larger than this are refused before parsing
 
 
+def file_stamp(path: str | Path) -> tuple[int, int] | None:
+    """(modification time in ns, size) of a file, None when it is missing: a cache key that changes when the
+    file is edited, so a long-lived process (a notebook) re-reads a profile or model YAML after a change."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Parse a small YAML mapping with yaml.safe_load (no code execution)."""
     p = Path(path)

@@ -263,6 +263,17 @@ def test_non_positive_level_bandwidth_is_named(tmp_path):
     assert "levels[1].bw_per_dir_Bps" in _error(tmp_path, data)
 
 
+@pytest.mark.parametrize(("field", "value", "expected"), [("bw_per_dir_Bps", float("nan"), "finite number > 0"),
+                                                         ("latency_s", -1e-6, "finite number >= 0"),
+                                                         ("latency_s", float("nan"), "finite number >= 0"),
+                                                         ("domain_chips", -1, ">= 0 (0: unbounded)")])
+def test_bad_level_number_is_named(tmp_path, field, value, expected):
+    data = _base()
+    data["levels"][0][field] = value
+    msg = _error(tmp_path, data)
+    assert f"levels[0].{field}" in msg and expected in msg
+
+
 def test_bad_level_kind_is_named(tmp_path):
     data = _base()
     data["levels"][0]["kind"] = "mesh"
@@ -375,3 +386,19 @@ def test_tpu_usable_hbm_is_what_xla_makes_available():
     for gen, _, avail, *_ in rows:
         usable = load_hardware(f"tpu-{gen}").usable_hbm_bytes / 2**30
         assert float(avail) - 0.01 <= usable <= float(avail), (gen, usable, avail)
+
+
+def test_an_edited_profile_file_is_read_again(tmp_path: Path) -> None:
+    """A long-lived process (a notebook) that edits a profile sees the edit: files are cached per version."""
+    import os
+
+    path = tmp_path / "mine.yaml"
+    text = (PROFILE_DIR / "h100-sxm.yaml").read_text()
+    path.write_text(text)
+    assert load_hardware(str(path)).hbm_bw_Bps == 3.35e12
+    path.write_text(re.sub(r"(?m)^hbm_bw_Bps: .*$", "hbm_bw_Bps: 4.0e+12", text))
+    os.utime(path, ns=(1, 2_000_000_000))  # a different mtime even on a coarse-grained file system
+    assert load_hardware(str(path)).hbm_bw_Bps == 4.0e12
+    path.write_text(re.sub(r"(?m)^hbm_bw_Bps: .*$", "hbm_bw_Bps: -1", text))
+    with pytest.raises(InputError, match="hbm_bw_Bps"):
+        load_hardware(str(path))

@@ -379,3 +379,14 @@ def test_cli_bad_input_exit_2(args: tuple[str, ...], fragment: str) -> None:
     assert r.returncode == 2
     assert r.stderr.startswith(fragment) and r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_an_edited_model_file_is_read_again(tmp_path: Path) -> None:
+    """load_model caches a user's YAML per version of the file, so an edit in a notebook takes effect."""
+    import os
+
+    path = _write(tmp_path, GOOD)
+    assert load_model(path).n_layers == 2
+    Path(path).write_text(yaml.safe_dump({**GOOD, "n_layers": 3}))
+    os.utime(path, ns=(1, 2_000_000_000))  # a different mtime even on a coarse-grained file system
+    assert load_model(path).n_layers == 3
