@@ -142,6 +142,14 @@ class _Keys:
             raise InputError(f"{self.where}: key {key!r}: expected an integer, got {v!r}")
         return v
 
+    def count(self, key: str, default: int | None = None, auto: bool = False) -> int:
+        """A positive integer (or -1, MaxText's 'auto', where `auto`)."""
+        v = self.int(key, default)
+        if v < 1 and not (auto and v == -1):
+            raise InputError(f"{self.where}: key {key!r}: expected a positive integer{' or -1 (auto)' if auto else ''}"
+                             f", got {v}")
+        return v
+
     def float(self, key: str) -> float:
         v = self.raw(key)
         if isinstance(v, str):
@@ -293,6 +301,9 @@ def _check_maxtext_keys(data: dict[str, object], k: _Keys, where: str) -> None:
             key = f"{level}_{stem}_parallelism"
             if k.int(key, 1) != 1:
                 raise InputError(f"{where}: key {key!r}: the {stem} axis is not modelled by the planner; expected 1")
+    for stem in MT_AXES:  # the modelled axes: a degree, or -1 (auto: fills the rest of the chips)
+        for level in ("ici", "dcn"):
+            k.count(f"{level}_{stem}_parallelism", 1, auto=True)
 
 
 def _maxtext_mesh(k: _Keys, chips: int | None, topo_per_slice: int | None, topo_slices: int | None,
@@ -301,7 +312,7 @@ def _maxtext_mesh(k: _Keys, chips: int | None, topo_per_slice: int | None, topo_
     num_slices and the chip count (given, from compile_topology, or from a comment hint)."""
     ici_raw = {stem: k.int(f"ici_{stem}_parallelism", 1) for stem in MT_AXES}
     dcn_raw = {stem: k.int(f"dcn_{stem}_parallelism", 1) for stem in MT_AXES}
-    slices = k.int("num_slices")
+    slices = k.count("num_slices", auto=True)
     if slices == -1:
         slices = topo_slices or 1
         if slices == 1 and any(v not in (1, -1) for v in dcn_raw.values()):
@@ -337,7 +348,7 @@ def _maxtext_batching(k: _Keys, m: ModelSpec, deg: dict[str, int], total: int, w
     """(global batch, micro-batch, vpp) from per_device_batch_size, gradient_accumulation_steps and the pipeline
     keys (num_pipeline_microbatches, num_pipeline_repeats / num_layers_per_pipeline_stage)."""
     gpb = k.float("per_device_batch_size")
-    ga = k.int("gradient_accumulation_steps")
+    ga = k.count("gradient_accumulation_steps")
     per_step = int(total * gpb)
     if per_step < 1:
         raise InputError(f"{where}: key 'per_device_batch_size': {gpb} x {total} devices is less than one sequence")
@@ -346,7 +357,7 @@ def _maxtext_batching(k: _Keys, m: ModelSpec, deg: dict[str, int], total: int, w
     pp = deg["pp"]
     vpp = 1
     if pp > 1:
-        nmb = k.int("num_pipeline_microbatches")
+        nmb = k.count("num_pipeline_microbatches", auto=True)
         nmb = pp if nmb == -1 else nmb
         if ga > 1:
             notes.append(f"pipeline: MaxText drains the pipeline on each of the {ga} accumulation steps; the "
@@ -356,8 +367,8 @@ def _maxtext_batching(k: _Keys, m: ModelSpec, deg: dict[str, int], total: int, w
         if ppl not in (-1, m.n_layers):
             notes.append(f"pipeline: pipeline_parallel_layers={ppl} pipelines only part of the model; the planner "
                          f"pipelines all {m.n_layers} layers")
-        repeats = k.int("num_pipeline_repeats")
-        lps = k.int("num_layers_per_pipeline_stage")
+        repeats = k.count("num_pipeline_repeats", auto=True)
+        lps = k.count("num_layers_per_pipeline_stage")
         if repeats == -1:
             if m.n_layers % (pp * lps):
                 raise InputError(f"{where}: key 'num_layers_per_pipeline_stage': {lps} x {pp} stages does not "
@@ -547,6 +558,13 @@ class _Args:
             hint = " (shell variables are not expanded)" if "$" in str(v) else ""
             raise InputError(f"{self.where}: argument {flag}: expected an integer, got {v!r}{hint}") from None
 
+    def count(self, flag: str, default: int | None = None) -> int:
+        """A positive integer."""
+        v = self.int(flag, default)
+        if v < 1:
+            raise InputError(f"{self.where}: argument {flag}: expected a positive integer, got {v}")
+        return v
+
     def float(self, flag: str, default: float) -> float:
         v = self.flags.get(flag)
         if v is None:
@@ -588,9 +606,9 @@ def _layer_pattern(text: str, n_layers: int, where: str) -> list[int]:
 
 
 def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
-    h = a.int("--hidden-size")
-    heads = a.int("--num-attention-heads")
-    layers = a.int("--num-layers")
+    h = a.count("--hidden-size")
+    heads = a.count("--num-attention-heads")
+    layers = a.count("--num-layers")
     swiglu = a.has("--swiglu")
     ffn_default = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h  # Megatron's defaults
     if not a.has("--vocab-size"):
@@ -618,7 +636,7 @@ def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
             notes.append(f"model: --moe-layer-freq interleaves dense and MoE layers; the planner models its "
                          f"{pattern.count(0)} dense layers as leading ones")
             dense = pattern.count(0)
-        moe_dim = a.int("--moe-ffn-hidden-size", spec["ffn_dim"])
+        moe_dim = a.count("--moe-ffn-hidden-size", spec["ffn_dim"])
         shared = a.int("--moe-shared-expert-intermediate-size", 0)
         if shared % moe_dim:
             notes.append(f"model: shared-expert size {shared} is not a multiple of the expert size {moe_dim}; "
@@ -636,8 +654,8 @@ def _megatron_world(a: _Args, chips: int | None, hints: dict[str, str], where: s
     """The world size: given, from --nnodes x --nproc-per-node (a torchrun line), or from a comment hint."""
     world = chips
     if world is None and a.has("--nnodes") and (a.has("--nproc-per-node") or a.has("--nproc_per_node")):
-        per = a.int("--nproc-per-node") if a.has("--nproc-per-node") else a.int("--nproc_per_node")
-        world = per * a.int("--nnodes")
+        per = a.count("--nproc-per-node") if a.has("--nproc-per-node") else a.count("--nproc_per_node")
+        world = per * a.count("--nnodes")
     if world is None and "chips" in hints:
         world = int(hints["chips"])
     if world is None:
@@ -746,8 +764,8 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     dp_meg, tp, pp, cp, ep = _megatron_degrees(a, world, where, notes)
     vpp = _megatron_vpp(a, m.n_layers, pp, where)
     _check_uneven_split(a, m.n_layers, pp, vpp, where, notes)
-    mbs = a.int("--micro-batch-size")
-    gbs = a.int("--global-batch-size", mbs * dp_meg)
+    mbs = a.count("--micro-batch-size")
+    gbs = a.count("--global-batch-size", mbs * dp_meg)
     if gbs % (mbs * dp_meg):
         raise InputError(f"{where}: --global-batch-size {gbs} is not divisible by --micro-batch-size x data-parallel "
                          f"size = {mbs} x {dp_meg}")

@@ -307,6 +307,14 @@ def test_import_maxtext_errors(tmp_path):
     p = _write(tmp_path, "bad4.yml", "ici_fsdp_parallelsim: 8\n")
     with pytest.raises(InputError, match="did you mean 'ici_fsdp_parallelism'"):
         import_maxtext(p, hardware="tpu-v5p")
+    # counts that MaxText divides by: a positive integer (or -1, auto), named, not a ZeroDivisionError
+    for i, (text, match) in enumerate((
+            ("gradient_accumulation_steps: 0\n", "'gradient_accumulation_steps': expected a positive integer, got 0"),
+            ("ici_fsdp_parallelism: 0\n", "'ici_fsdp_parallelism': expected a positive integer or -1 \\(auto\\)"),
+            ("ici_pipeline_parallelism: 2\nnum_layers_per_pipeline_stage: 0\n",
+             "'num_layers_per_pipeline_stage': expected a positive integer, got 0"))):
+        with pytest.raises(InputError, match=match):
+            import_maxtext(_write(tmp_path, f"count{i}.yml", text), hardware="tpu-v5p", chips=8)
 
 
 def test_import_megatron_command_line(tmp_path):
@@ -333,6 +341,12 @@ def test_import_megatron_errors(tmp_path):
         import_megatron(p, hardware="h100-sxm", chips=8)
     with pytest.raises(InputError, match="pass --chips"):
         import_megatron(p, hardware="h100-sxm")
+    for flag in ("--num-attention-heads", "--micro-batch-size"):
+        p = _write(tmp_path, "c.txt", "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --vocab-size "
+                                      "32000 --seq-length 4096 --micro-batch-size 1".replace(f"{flag} 32", f"{flag} 0")
+                   .replace(f"{flag} 1", f"{flag} 0"))
+        with pytest.raises(InputError, match=f"argument {flag}: expected a positive integer, got 0"):
+            import_megatron(p, hardware="h100-sxm", chips=8)
 
 
 # ---- CLI ---------------------------------------------------------------------------------------------------
