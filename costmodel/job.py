@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from hardware.errors import InputError
 
+MAX_TOKENS_PER_STEP = 2**40  # a sanity bound (published runs step ~4M-60M tokens): keeps times in int64 ns
 PRECISIONS = ("bf16", "fp16", "fp8", "int8")
 FRAMEWORKS = ("maxtext", "megatron", "pytorch-fsdp", "deepspeed")
 WEIGHT_DTYPES = ("float32", "bfloat16")
@@ -39,6 +40,9 @@ class Job:
             raise InputError(f"seq_len must be a positive integer, got {self.seq_len}")
         if self.global_batch <= 0:
             raise InputError(f"global_batch must be a positive integer, got {self.global_batch}")
+        if self.seq_len * self.global_batch > MAX_TOKENS_PER_STEP:
+            raise InputError(f"global_batch: {self.global_batch} sequences x {self.seq_len} tokens is "
+                             f"{self.seq_len * self.global_batch:.3g} tokens per step; expected at most 2^40 (1.1e12)")
         if self.precision not in PRECISIONS:
             raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.framework not in FRAMEWORKS:

@@ -157,8 +157,8 @@ class _Keys:
                 v = float(v)
             except ValueError:
                 pass
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise InputError(f"{self.where}: key {key!r}: expected a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InputError(f"{self.where}: key {key!r}: expected a finite number, got {v!r}")
         return float(v)
 
     def bool(self, key: str) -> bool:
@@ -570,9 +570,12 @@ class _Args:
         if v is None:
             return default
         try:
-            return float(str(v))
+            x = float(str(v))
         except ValueError:
-            raise InputError(f"{self.where}: argument {flag}: expected a number, got {v!r}") from None
+            x = math.nan
+        if not math.isfinite(x):
+            raise InputError(f"{self.where}: argument {flag}: expected a finite number, got {v!r}")
+        return x
 
     def str(self, flag: str, default: str = "") -> str:
         v = self.flags.get(flag, default)

@@ -663,7 +663,9 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
     c_min = evaluate(m, chip, job, mesh, ch_min)
     if c_min.fit_memory_bytes > chip.usable_hbm_bytes:
         return MeshResult(mesh, None, None, c_min.fit_memory_bytes, 1)
-    if policy_set(cons) is not None:  # a handful of whole-layer policies: cost each
+    # A handful of whole-layer policies: cost each. So too for steps so long (years) that the program's integer
+    # nanoseconds could leave CP-SAT's int64 range.
+    if policy_set(cons) is not None or c_min.step_time_s * NS * TIE_WEIGHT > 2**60:
         r = brute_force(m, chip, job, mesh, cons)
         r.estimates += 1
         return r

@@ -622,3 +622,14 @@ def test_layer_activation_bytes_by_hand():
     plan = Plan(remat=parse_remat("custom:layer_input=offload"))
     saved, offl, _ = layer_activation_bytes(TINY, job, plan, 10.0, None, 2.0)
     assert (saved, offl) == (0.0, 10 * 64 * 2)
+
+
+def test_job_bounds_are_named():
+    for kw, match in ((dict(seq_len=0, global_batch=8), "seq_len must be a positive integer, got 0"),
+                      (dict(seq_len=4096, global_batch=-1), "global_batch must be a positive integer, got -1"),
+                      (dict(seq_len=4096, global_batch=2**29),  # 2^41 tokens: past the sanity bound
+                       r"global_batch: 536870912 sequences x 4096 tokens is 2.2e\+12 tokens per step; expected at "
+                       r"most 2\^40")):
+        with pytest.raises(InputError, match=match):
+            Job(**kw)
+    assert Job(4096, 2**28).tokens == 2**40  # the bound itself is allowed

@@ -312,7 +312,8 @@ def test_import_maxtext_errors(tmp_path):
             ("gradient_accumulation_steps: 0\n", "'gradient_accumulation_steps': expected a positive integer, got 0"),
             ("ici_fsdp_parallelism: 0\n", "'ici_fsdp_parallelism': expected a positive integer or -1 \\(auto\\)"),
             ("ici_pipeline_parallelism: 2\nnum_layers_per_pipeline_stage: 0\n",
-             "'num_layers_per_pipeline_stage': expected a positive integer, got 0"))):
+             "'num_layers_per_pipeline_stage': expected a positive integer, got 0"),
+            ("per_device_batch_size: .nan\n", "'per_device_batch_size': expected a finite number, got nan"))):
         with pytest.raises(InputError, match=match):
             import_maxtext(_write(tmp_path, f"count{i}.yml", text), hardware="tpu-v5p", chips=8)
 
