@@ -112,6 +112,9 @@ def parse_range(name: str, spec: str) -> tuple[int, ...]:
         while round(v) <= stop and len(out) <= MAX_POINTS:
             out.append(int(round(v)))
             v *= factor
+        if round(v) <= stop:  # cut off before reaching stop (a factor so close to 1 that values repeat)
+            raise InputError(f"--vary {name}: range {spec!r} needs more than the {MAX_POINTS} points a sweep takes; "
+                             "expected a larger factor")
     else:
         s = _int(name, step.lstrip("+"))
         out = list(range(start, stop + 1, s))[: MAX_POINTS + 1]

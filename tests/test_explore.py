@@ -181,6 +181,7 @@ def test_parse_vary(text, var, values):
     ("chips=", "no values"),
     ("chips=1024:256:x2", "inverted"),
     ("chips=256:1024:x1", "greater than 1"),
+    ("chips=8:1000000:x1.0001", "more than the 2000 points a sweep takes"),  # was cut off silently at 8, 9
     ("chips=256:1024", "start:stop"),
     ("chips=256,,512", "empty item"),
     ("chips=0,256", "positive"),
