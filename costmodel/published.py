@@ -48,15 +48,30 @@ class Case:
 
 
 def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
+    """A column's number (default when blank); a row with a non-number or a non-finite one is skipped."""
     v = (row.get(key) or "").strip()
     if v == "":
         return default
-    return float(v)
+    try:
+        x = float(v)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise InputError(f"{key}: expected a finite number, got {v!r}")
+    return x
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
     v = _num(row, key, None)
-    return default if v is None or math.isnan(v) else int(round(v))
+    return default if v is None else int(round(v))
+
+
+def _count(row: dict[str, str], key: str, default: int | None = None) -> int:
+    """A positive integer column (a degree, a length, a batch)."""
+    v = _int(row, key, default)
+    if v is None or v < 1:
+        raise InputError(f"{key}: expected a positive integer, got {row.get(key)!r}")
+    return v
 
 
 def _bool(row: dict[str, str], key: str) -> bool:
@@ -120,9 +135,9 @@ def row_to_case(row: dict[str, str]) -> Case:
         n_shared_experts=_int(row, "n_shared_experts", 0) if n_exp else 0,
         capacity_factor=_capacity_factor(row) if n_exp else 0.0, **_sliding_window(row))
     precision = {"fp16": "bf16"}.get(row.get("precision") or "bf16", row.get("precision") or "bf16")
-    job = Job(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"), precision=precision,
+    job = Job(seq_len=_count(row, "seq_len"), global_batch=_count(row, "global_batch"), precision=precision,
               framework=convention, weight_dtype=_weight_dtype(row, convention))
-    deg = {a: _int(row, a, 1) for a in ("dp", "fsdp", "tp", "cp", "pp", "ep")}
+    deg = {a: _count(row, a, 1) for a in ("dp", "fsdp", "tp", "cp", "pp", "ep")}
     shards = deg["dp"] * deg["fsdp"] * deg["ep"]
     if fw == "maxtext" or fw == "palm":
         accum = 1
@@ -136,8 +151,11 @@ def row_to_case(row: dict[str, str]) -> Case:
     sp = deg["tp"] > 1 and not (row.get("source") or "").startswith("narayanan2021")
     plan = Plan(**deg, vpp=_int(row, "vpp", 1) or 1, micro_batch=max(1, micro), zero=zero, sequence_parallel=sp,
                 remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1, vocab_tiles=_vocab_tiles(row))
-    return Case(row["id"], row.get("source") or "", model, load_hardware(row["hardware"]), job, plan,
-                float(row["measured_step_time_s"]))
+    measured = _num(row, "measured_step_time_s")
+    if measured is None or measured <= 0:
+        raise InputError(f"measured_step_time_s: expected a positive number of seconds, got "
+                         f"{row.get('measured_step_time_s')!r}")
+    return Case(row["id"], row.get("source") or "", model, load_hardware(row["hardware"]), job, plan, measured)
 
 
 def load_cases(path: str | Path) -> tuple[list[Case], dict[str, str]]:

@@ -46,3 +46,34 @@ def test_overlay_written_and_read(tmp_path):
                          "synthetic", directory=tmp_path)
     data = read_yaml(path)
     assert data["eff"]["matmul_peak"] == 0.5 and data["rows"] == 3
+
+
+def test_runs_csv_rows_with_bad_numbers_are_skipped_with_the_reason(tmp_path):
+    """A runs CSV row whose numbers are not finite, whose degrees or lengths are not positive, or whose measured
+    time is not a positive number of seconds is skipped with the column named; the good row is kept."""
+    import csv
+    from pathlib import Path
+
+    from costmodel.published import load_cases
+
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "runs_v5p_maxtext.csv"  # the same schema, in the repo
+    good = next(csv.DictReader(src.open()))
+    bad = {"inf-seq": ("seq_len", "inf"), "zero-tp": ("tp", "0"), "nan-dmodel": ("d_model", "nan"),
+           "inf-time": ("measured_step_time_s", "inf"), "zero-time": ("measured_step_time_s", "0"),
+           "text-batch": ("global_batch", "many")}
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(good))
+        w.writeheader()
+        w.writerow(good)
+        for rid, (key, value) in bad.items():
+            w.writerow({**good, "id": rid, key: value})
+    cases, skipped = load_cases(path)
+    assert [c.id for c in cases] == [good["id"]]
+    assert skipped == {
+        "inf-seq": "seq_len: expected a finite number, got 'inf'",
+        "zero-tp": "tp: expected a positive integer, got '0'",
+        "nan-dmodel": "d_model: expected a finite number, got 'nan'",
+        "inf-time": "measured_step_time_s: expected a finite number, got 'inf'",
+        "zero-time": "measured_step_time_s: expected a positive number of seconds, got '0'",
+        "text-batch": "global_batch: expected a finite number, got 'many'"}
