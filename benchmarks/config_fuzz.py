@@ -2,11 +2,11 @@
 
 Usage: python benchmarks/config_fuzz.py [--seed 1] [--calls 1200] [--write]
 Starts from good files (a model YAML, a hardware profile, a plan file, a MaxText config and Megatron-LM arguments
-exported by the planner) and mutates one thing each call: a key or flag dropped, a value replaced by a wrong type,
-0, -1, a huge number or NaN, a flag inserted; or a file that is not YAML at all. Each mutated file is read by
-`planner estimate` (--model, --hardware, --plan, --from-maxtext, --from-megatron) in-process, as cli_fuzz.py runs
-its calls. Prints exit codes by file kind and every call that raised, exited otherwise or broke the one-line error
-rule. --write saves benchmarks/config_fuzz_report.txt.
+exported by the planner, a runs CSV) and mutates one thing each call: a key or flag dropped, a value replaced by a
+wrong type, 0, -1, a huge number or NaN, a flag inserted, CSV cells; or a file that is not YAML at all. Each mutated
+file is read by `planner estimate` (--model, --hardware, --plan, --from-maxtext, --from-megatron) or `planner bench
+published --file` in-process, as cli_fuzz.py runs its calls. Prints exit codes by file kind and every call that
+raised, exited otherwise or broke the one-line error rule. --write saves benchmarks/config_fuzz_report.txt.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import csv
+import io
 import random
 import shlex
 import sys
@@ -76,6 +78,17 @@ def mutate_args(rnd: random.Random, text: str) -> str:
     return " ".join(shlex.quote(t) for t in toks)
 
 
+def mutate_csv(rnd: random.Random, text: str) -> str:
+    """One to five cells of a runs CSV replaced by a blank, 0, -1, inf, nan, 1e30 or a word."""
+    rows = list(csv.reader(io.StringIO(text)))
+    for _ in range(rnd.choice([1, 1, 2, 5])):
+        row = rnd.choice(rows[1:])
+        row[rnd.randrange(len(row))] = rnd.choice(["", "0", "-1", "inf", "nan", "1e30", "x", "true", "3.5"])
+    out = io.StringIO()
+    csv.writer(out).writerows(rows)
+    return out.getvalue()
+
+
 def good_files(tmp: Path) -> dict[str, object]:
     """The files the mutations start from, written by the planner itself."""
     plan_args = ["-m", "llama3-8b", "-H", "h100-sxm", "-n", "8", "--fsdp", "8", "-b", "64"]
@@ -90,18 +103,22 @@ def good_files(tmp: Path) -> dict[str, object]:
             "hardware": yaml.safe_load((ROOT / "hardware/profiles/h100-sxm.yaml").read_text()),
             "plan": yaml.safe_load((tmp / "plan.yml").read_text()),
             "maxtext": yaml.safe_load((tmp / "maxtext.yml").read_text()),
-            "megatron": (tmp / "megatron.sh").read_text()}
+            "megatron": (tmp / "megatron.sh").read_text(),
+            "runs csv": (ROOT / "benchmarks" / "runs_v5p_maxtext.csv").read_text()}
 
 
 def one_call(rnd: random.Random, good: dict, tmp: Path, i: int) -> tuple[str, list[str]]:
     """(kind, planner arguments) reading one freshly mutated file (a new name each call)."""
-    kind = rnd.choice(["model", "hardware", "plan", "maxtext", "megatron", "not yaml"])
-    f = tmp / f"f{i}.{'sh' if kind == 'megatron' else 'yml'}"
+    kind = rnd.choice(["model", "hardware", "plan", "maxtext", "megatron", "runs csv", "not yaml"])
+    f = tmp / f"f{i}.{ {'megatron': 'sh', 'runs csv': 'csv'}.get(kind, 'yml') }"
     base = ["-n", "8", "--fsdp", "8", "-b", "64"]
     if kind == "megatron":
         f.write_text(mutate_args(rnd, good["megatron"]))
         return kind, ["estimate", "--from-megatron", str(f), "-H", "h100-sxm"] + (["-n", "64"] if rnd.random() < .7
                                                                                   else [])
+    if kind == "runs csv":
+        f.write_text(mutate_csv(rnd, good["runs csv"]))
+        return kind, ["bench", "published", "--file", str(f)]
     if kind == "not yaml":
         f.write_text(rnd.choice(NOT_YAML))
         flag = rnd.choice(["-m", "-H", "--plan", "--from-maxtext"])
