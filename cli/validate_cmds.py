@@ -73,6 +73,7 @@ def validate(
 ) -> None:
     """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model."""
     from costmodel.catalog import load_model
+    from costmodel.constraints import check_plan
     from hardware.catalog import load_hardware
     from planner.validate.scale import Scale, check_devices, scale_down
 
@@ -80,6 +81,8 @@ def validate(
     chip = load_hardware(hardware)
     if grad_accum < 0:
         raise InputError(f"--grad-accum: expected 0 (auto) or a positive integer, got {grad_accum}")
+    if not plan_timeout >= 0:
+        raise InputError(f"--plan-timeout: expected 0 (no limit) or a positive number of seconds, got {plan_timeout}")
     scale = Scale(d_model=o.positive("--d-model", d_model), n_layers=o.positive("--layers", layers),
                   seq_len=o.positive("--seq-len", seq_len), micro_steps=grad_accum)
     local_devices = devices
@@ -104,9 +107,11 @@ def validate(
 
             seq = pf.job.seq_len if plan_file and seq_len == 128 else (DEFAULT_SEQ if seq_len == 128 else seq_len)
             return run_target(target, plan, m_full, label, seq, as_json)
-        # Bad input is checked before jax starts: one line saying what to change, exit 2.
+        # Bad input is checked before jax starts: one line saying what to change, exit 2 (the scaled job must also
+        # pass the cost model's plan rules, which the comparison costs it by).
         check_devices(plan, devices)
-        scale_down(runs[0][1], plan, scale)
+        small, job, _ = scale_down(runs[0][1], plan, scale)
+        check_plan(small, chip, job, plan)
     run_validation(runs, chip, hardware, scale, devices, local_devices=local_devices, steps=steps,
                    plan_timeout=plan_timeout, calibrate_out=calibrate_out, fast_compile=fast_compile,
                    coordinator=coordinator, num_processes=num_processes, process_id=process_id, as_json=as_json)

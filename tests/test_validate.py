@@ -148,12 +148,18 @@ def test_scale_down_keeps_divisibility_and_refuses_what_it_cannot_run():
         scale_down(load_model("llama3-8b"), Plan(pp=2, vpp=2), Scale(n_layers=4, micro_steps=4))
     with pytest.raises(InputError, match="only 8 exist"):
         check_devices(Plan(dp=4, tp=4), 8)
+    # cp 3: d_model a multiple of the weight shards (was 128, not divisible by 3: XLA refused the sharding) and the
+    # sequence of whole flash blocks per cp shard (was 129: one-token blocks, a compile that did not end)
+    small, job, notes = scale_down(load_model("llama3-8b"), Plan(cp=3))
+    assert (small.d_model, job.seq_len) == (144, 132) and any("d_model 128 -> 144" in n for n in notes)
 
 
 def test_cli_bad_input_exits_2_with_one_line():
     for args, needle in ((["--dp", "4", "--tp", "4"], "only 8 exist"), (["--pp", "4"], "use --layers 4"),
                          (["--pp", "2", "--tp", "2", "--fsdp", "2"], "--pp 1"), (["--ep", "2"], "--ep 1"),
-                         (["--coordinator", "nohost"], "HOST:PORT")):
+                         (["--coordinator", "nohost"], "HOST:PORT"),
+                         (["--vpp", "2"], "vpp: virtual stages (2) need pp > 1"),  # was a per-plan failure, exit 1
+                         (["--plan-timeout", "-1"], "--plan-timeout: expected 0 (no limit)")):
         r = subprocess.run([PLANNER, "validate", *args], capture_output=True, text=True, env=_env(), timeout=60)
         assert r.returncode == 2, r.stderr
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

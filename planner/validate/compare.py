@@ -36,12 +36,11 @@ from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.chip import Chip
-from planner.validate.scale import Scale, check_devices, scale_down
+from planner.validate.scale import FLASH_BLOCK_FRACTION, Scale, check_devices, scale_down
 
 if TYPE_CHECKING:  # (jax is imported only when a plan runs)
     from planner.validate.model import Setup
 
-FLASH_BLOCK_FRACTION = 4  # CPU: flash block (at most) = the scaled sequence / 4
 TOLERANCE_PCT = {"flops": 3.0, "matmul_flops": 3.0, "memory_bytes": 10.0, "state_bytes": 10.0, "temp_bytes": 10.0,
                  "collective_bytes": 10.0, "step_time_s": 15.0}
 

@@ -12,9 +12,12 @@ import math
 from dataclasses import dataclass, replace
 
 from costmodel.job import Job
+from costmodel.memory import weight_shard_degrees
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.errors import InputError
+
+FLASH_BLOCK_FRACTION = 4  # CPU: flash block (at most) = the scaled sequence / 4 (planner.validate.compare)
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,18 @@ def pipeline_unsupported(plan: Plan, n_layers: int, micro_steps: int) -> str:
     return ""
 
 
-def _scaled_heads(m: ModelSpec, tp: int, s: Scale) -> tuple[int, int, int]:
+def weight_shards(plan: Plan) -> int:
+    """How many ways the validator splits a weight's d_model dimension: the cost model's rule under MaxText
+    (costmodel.memory.weight_shard_degrees: fsdp, cp and ep; dp under ZeRO-3), and dp for the Adam moments under
+    ZeRO-1/2 (planner.validate.model._w_axes)."""
+    degrees = weight_shard_degrees(Job(seq_len=1, global_batch=1, framework="maxtext"), plan)
+    return math.prod(degrees.values()) * (plan.dp if 1 <= plan.zero < 3 else 1)
+
+
+def _scaled_heads(m: ModelSpec, tp: int, s: Scale, weight_shards: int) -> tuple[int, int, int]:
     """(query heads, KV heads, d_model): 8 query heads (at least tp), KV heads keeping the model's grouping and
-    divisible by tp, 8 dimensions per head at least."""
+    divisible by tp, 8 dimensions per head at least, d_model a multiple of the heads and of the weight shards
+    (the axes that split the weights' d_model dimension)."""
     n_heads = _round_up(8, tp)
     ratio = max(1, m.n_heads // m.n_kv_heads)  # queries per KV head in the full model
     kv = n_heads // min(ratio, n_heads)
@@ -86,9 +98,7 @@ def _scaled_heads(m: ModelSpec, tp: int, s: Scale) -> tuple[int, int, int]:
     if kv % tp:
         raise InputError(f"tp={tp}: the scaled model's {kv} KV heads are not divisible by tp; use a tp that "
                          f"divides {n_heads}")
-    d_model = max(s.d_model, n_heads * 8)
-    if d_model % n_heads:
-        d_model = _round_up(d_model, n_heads)
+    d_model = _round_up(max(s.d_model, n_heads * 8), math.lcm(n_heads, weight_shards))
     return n_heads, kv, d_model
 
 
@@ -156,8 +166,12 @@ def scale_down(m: ModelSpec, plan: Plan, s: Scale = Scale()) -> tuple[ModelSpec,
         raise InputError(why)
     notes: list[str] = []
     tp, cp = plan.tp, plan.cp
-    n_heads, kv, d_model = _scaled_heads(m, tp, s)
-    seq = _round_up(s.seq_len, cp)
+    n_heads, kv, d_model = _scaled_heads(m, tp, s, weight_shards(plan))
+    if d_model != s.d_model:
+        notes.append(f"d_model {s.d_model} -> {d_model} (a multiple of the {n_heads} heads and of the weight shards)")
+    # a multiple of cp x FLASH_BLOCK_FRACTION, so that every cp shard splits into whole flash blocks (a sequence of
+    # 129 over cp 3 left blocks of one token: thousands of unrolled block pairs, a compile that never ends)
+    seq = _round_up(s.seq_len, cp * FLASH_BLOCK_FRACTION)
     moe = _scaled_moe(m, plan, s, d_model, notes)
     head_dim, mla = _scaled_mla(m, d_model // n_heads, d_model)
     window = _scaled_window(m, plan, s, seq, notes)
