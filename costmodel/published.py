@@ -48,15 +48,16 @@ class Case:
 
 
 def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
-    """A column's number (default when blank); a row with a non-number or a non-finite one is skipped."""
+    """A column's number; default when blank or NaN (how pandas writes a missing value); a row with a
+    non-number or an infinite one is skipped."""
     v = (row.get(key) or "").strip()
-    if v == "":
-        return default
     try:
-        x = float(v)
+        x = float(v) if v else math.nan
     except ValueError:
-        x = math.nan
-    if not math.isfinite(x):
+        raise InputError(f"{key}: expected a number, got {v!r}") from None
+    if math.isnan(x):
+        return default
+    if math.isinf(x):
         raise InputError(f"{key}: expected a finite number, got {v!r}")
     return x
 
@@ -67,7 +68,7 @@ def _int(row: dict[str, str], key: str, default: int | None = None) -> int | Non
 
 
 def _count(row: dict[str, str], key: str, default: int | None = None) -> int:
-    """A positive integer column (a degree, a length, a batch)."""
+    """A positive integer column (a degree, a length, a batch, a model dimension); default when blank or NaN."""
     v = _int(row, key, default)
     if v is None or v < 1:
         raise InputError(f"{key}: expected a positive integer, got {row.get(key)!r}")
@@ -125,9 +126,9 @@ def row_to_case(row: dict[str, str]) -> Case:
     convention = FRAMEWORK_CONVENTION.get(fw, "megatron")
     n_exp = _int(row, "n_experts", 0) or 0
     model = ModelSpec(
-        name=row.get("model_name") or row["id"], n_layers=_int(row, "n_layers"), d_model=_int(row, "d_model"),
-        n_heads=_int(row, "n_heads"), n_kv_heads=_int(row, "n_kv_heads", 0), head_dim=_int(row, "head_dim", 0),
-        ffn_dim=_int(row, "ffn_dim"), vocab_size=_int(row, "vocab_size"), gated_mlp=_bool(row, "gated_mlp"),
+        name=row.get("model_name") or row["id"], n_layers=_count(row, "n_layers"), d_model=_count(row, "d_model"),
+        n_heads=_count(row, "n_heads"), n_kv_heads=_int(row, "n_kv_heads", 0), head_dim=_int(row, "head_dim", 0),
+        ffn_dim=_count(row, "ffn_dim"), vocab_size=_count(row, "vocab_size"), gated_mlp=_bool(row, "gated_mlp"),
         tied_embeddings=_bool(row, "tied_embeddings"), n_experts=n_exp,
         experts_per_token=_int(row, "experts_per_token", 0) if n_exp else 0,
         moe_ffn_dim=_int(row, "moe_ffn_dim", 0) if n_exp else 0,

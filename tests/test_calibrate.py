@@ -49,8 +49,9 @@ def test_overlay_written_and_read(tmp_path):
 
 
 def test_runs_csv_rows_with_bad_numbers_are_skipped_with_the_reason(tmp_path):
-    """A runs CSV row whose numbers are not finite, whose degrees or lengths are not positive, or whose measured
-    time is not a positive number of seconds is skipped with the column named; the good row is kept."""
+    """A runs CSV row with a non-number or an infinite number, a degree, length or model dimension that is not
+    positive (NaN reads as missing), or a measured time that is not a positive number of seconds is skipped with the
+    column named; good rows are kept, NaN in an optional column (how pandas writes a missing value) included."""
     import csv
     from pathlib import Path
 
@@ -66,14 +67,15 @@ def test_runs_csv_rows_with_bad_numbers_are_skipped_with_the_reason(tmp_path):
         w = csv.DictWriter(f, fieldnames=list(good))
         w.writeheader()
         w.writerow(good)
+        w.writerow({**good, "id": "nan-vpp", "vpp": "NaN"})
         for rid, (key, value) in bad.items():
             w.writerow({**good, "id": rid, key: value})
     cases, skipped = load_cases(path)
-    assert [c.id for c in cases] == [good["id"]]
+    assert [c.id for c in cases] == [good["id"], "nan-vpp"] and cases[1].plan == cases[0].plan
     assert skipped == {
         "inf-seq": "seq_len: expected a finite number, got 'inf'",
         "zero-tp": "tp: expected a positive integer, got '0'",
-        "nan-dmodel": "d_model: expected a finite number, got 'nan'",
+        "nan-dmodel": "d_model: expected a positive integer, got 'nan'",
         "inf-time": "measured_step_time_s: expected a finite number, got 'inf'",
         "zero-time": "measured_step_time_s: expected a positive number of seconds, got '0'",
-        "text-batch": "global_batch: expected a finite number, got 'many'"}
+        "text-batch": "global_batch: expected a number, got 'many'"}
