@@ -111,6 +111,19 @@ def problem(code: int, err: str, tb: str | None) -> str:
     return ""
 
 
+def exit_code_lines(codes: dict[str, dict[int, int]]) -> list[str]:
+    """One line per command (or file kind): its exit codes and how often each came."""
+    return [f"  {k:9s} " + ", ".join(f"{c}: {n}" for c, n in sorted(v.items())) for k, v in sorted(codes.items())]
+
+
+def emit(lines: list[str], report: str, write: bool) -> None:
+    """Print the report; with write, save it as benchmarks/<report>."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if write:
+        (ROOT / "benchmarks" / report).write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
@@ -145,7 +158,7 @@ def main() -> None:
     lines = [f"# planner CLI fuzz: seed {a.seed}, {a.suggest} suggest and {a.plans} estimate/explain calls (and an "
              "export of a share of the estimates' plans), in-process",
              "exit codes by command (0 plan, 1 nothing fits, 2 bad input):"]
-    lines += [f"  {cmd:9s} " + ", ".join(f"{c}: {n}" for c, n in sorted(v.items())) for cmd, v in sorted(codes.items())]
+    lines += exit_code_lines(codes)
     lines.append(f"calls that raised, exited otherwise or broke the one-line error rule: {len(problems)}")
     lines += problems
     if times:
@@ -154,10 +167,7 @@ def main() -> None:
                      f"p90 {pct[1]:.2f}, p99 {pct[2]:.2f}, max {times[-1][0]:.2f}")
         lines.append("slowest:")
         lines += [f"  {t:6.2f} s  {args}" for t, args in times[-5:][::-1]]
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if a.write:
-        (ROOT / "benchmarks" / "cli_fuzz_report.txt").write_text(text)
+    emit(lines, "cli_fuzz_report.txt", a.write)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cli_fuzz import call, problem  # noqa: E402
+from cli_fuzz import call, emit, exit_code_lines, problem  # noqa: E402
 
 BAD = [None, -1, 0, 0, 1.5, "x", [], {}, True, 10**30, float("nan"), "-1", 3]
 NOT_YAML = ["", "- 1\n- 2\n", ": :", "a: [1,\n", "\x00\x01", "name: 3\n", "!!python/object/apply:os.system [ls]"]
@@ -155,13 +155,10 @@ def main() -> None:
             problems.append(f"  {p}\n    planner {' '.join(args)}")
     lines = [f"# planner config fuzz: seed {a.seed}, {a.calls} mutated files, in-process",
              "exit codes by file kind (0 read and costed, 1 does not fit, 2 bad input):"]
-    lines += [f"  {k:9s} " + ", ".join(f"{c}: {n}" for c, n in sorted(v.items())) for k, v in sorted(codes.items())]
+    lines += exit_code_lines(codes)
     lines.append(f"calls that raised, exited otherwise or broke the one-line error rule: {len(problems)}")
     lines += problems
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if a.write:
-        (ROOT / "benchmarks" / "config_fuzz_report.txt").write_text(text)
+    emit(lines, "config_fuzz_report.txt", a.write)
 
 
 if __name__ == "__main__":
