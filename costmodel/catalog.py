@@ -38,7 +38,7 @@ from pathlib import Path
 
 from costmodel.model import ModelSpec
 from hardware.errors import InputError, unknown
-from hardware.yamlio import build, file_stamp, read_yaml
+from hardware.yamlio import build, cache_per_version, read_yaml
 
 MODEL_DIR = Path(__file__).parent / "models"
 
@@ -72,13 +72,9 @@ def _build(data: dict, where: str) -> ModelSpec:
         raise InputError(msg if msg.startswith(where) else f"{where}: {msg}") from None
 
 
+@cache_per_version
 def _load_file(path: str) -> ModelSpec:
-    return _load_stamped(path, file_stamp(path))
-
-
-@cache
-def _load_stamped(path: str, stamp: tuple[int, int] | None) -> ModelSpec:
-    """A model file, parsed once per version of it (stamp: hardware.yamlio.file_stamp)."""
+    """A model file, parsed (once per version of it)."""
     return _build(read_yaml(path), Path(path).name)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hardware.chip import Chip, Efficiency
 from hardware.errors import InputError, unknown
-from hardware.yamlio import build, file_stamp, read_yaml
+from hardware.yamlio import build, cache_per_version, read_yaml
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
@@ -19,13 +19,9 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
+@cache_per_version
 def _load_file(path: str) -> Chip:
-    return _load_stamped(path, file_stamp(path))
-
-
-@cache
-def _load_stamped(path: str, stamp: tuple[int, int] | None) -> Chip:
-    """A profile file, parsed and checked once per version of it (stamp: hardware.yamlio.file_stamp)."""
+    """A profile file, parsed and checked (once per version of it)."""
     chip = build(Chip, read_yaml(path), Path(path).name)
     _check(chip, Path(path).name)
     return chip

@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from hardware.errors import InputError, did_you_mean
 
+T = TypeVar("T")
 MAX_FILE_BYTES = 1_000_000  # user files larger than this are refused before parsing
 
 
 def file_stamp(path: str | Path) -> tuple[int, int] | None:
     """(modification time in ns, size) of a file, None when it is missing: a cache key that changes when the
-    file is edited, so a long-lived process (a notebook) re-reads a profile or model YAML after a change."""
+    file is edited."""
     try:
         st = Path(path).stat()
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size
+
+
+def cache_per_version(load: Callable[[str], T]) -> Callable[[str], T]:
+    """load(path), cached per version of the file (file_stamp), so that a long-lived process (a notebook)
+    re-reads a profile or model YAML after it is edited."""
+    cached = functools.cache(lambda path, stamp: load(path))
+
+    @functools.wraps(load)
+    def wrapper(path: str) -> T:
+        return cached(path, file_stamp(path))
+    return wrapper
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
