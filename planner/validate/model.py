@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 from costmodel.model import ModelSpec
 from costmodel.plan import TENSOR_MAXTEXT_NAMES, TENSORS, Plan
 from planner.validate.flash import causal_attention
+from planner.validate.scale import weight_axes
 
 MESH_AXES = ("dp", "fsdp", "ep", "cp", "tp")
 BATCH = ("dp", "fsdp", "ep")
@@ -118,18 +119,8 @@ def single_device_plan(plan: Plan) -> Plan:
 # ---- shardings -------------------------------------------------------------------------------------------
 
 def _w_axes(cfg: Setup, moments: bool = False) -> tuple[str, ...]:
-    """Mesh axes that shard the weights' d_model dimension: the cost model's own rule
-    (costmodel.memory.weight_shard_degrees: fsdp; cp and ep under MaxText; dp under ZeRO-3), plus dp for the Adam
-    moments under ZeRO-1/2."""
-    from costmodel.job import Job
-    from costmodel.memory import weight_shard_degrees
-
-    plan = cfg.plan
-    job = Job(seq_len=cfg.seq_len, global_batch=cfg.global_batch, framework="maxtext")
-    axes = [a for a, n in weight_shard_degrees(job, plan).items() if n > 1 or a == "fsdp"]
-    if moments and plan.zero >= 1 and "dp" not in axes:
-        axes.append("dp")
-    return tuple(axes)
+    """Mesh axes that shard the weights' d_model dimension (planner.validate.scale.weight_axes)."""
+    return weight_axes(cfg.plan, moments)
 
 
 def param_specs(cfg: Setup, moments: bool = False) -> dict:

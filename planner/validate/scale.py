@@ -77,12 +77,20 @@ def pipeline_unsupported(plan: Plan, n_layers: int, micro_steps: int) -> str:
     return ""
 
 
-def weight_shards(plan: Plan) -> int:
-    """How many ways the validator splits a weight's d_model dimension: the cost model's rule under MaxText
-    (costmodel.memory.weight_shard_degrees: fsdp, cp and ep; dp under ZeRO-3), and dp for the Adam moments under
-    ZeRO-1/2 (planner.validate.model._w_axes)."""
+def weight_axes(plan: Plan, moments: bool = False) -> tuple[str, ...]:
+    """Mesh axes that shard the weights' d_model dimension in the validator: the cost model's rule under MaxText
+    (costmodel.memory.weight_shard_degrees: fsdp; cp and ep; dp under ZeRO-3), plus dp for the Adam moments under
+    ZeRO-1/2."""
     degrees = weight_shard_degrees(Job(seq_len=1, global_batch=1, framework="maxtext"), plan)
-    return math.prod(degrees.values()) * (plan.dp if 1 <= plan.zero < 3 else 1)
+    axes = [a for a, n in degrees.items() if n > 1 or a == "fsdp"]
+    if moments and plan.zero >= 1 and "dp" not in axes:
+        axes.append("dp")
+    return tuple(axes)
+
+
+def weight_shards(plan: Plan) -> int:
+    """How many ways the validator splits a weight's (or its Adam moments') d_model dimension."""
+    return math.prod(plan.degrees()[a] for a in weight_axes(plan, moments=True))
 
 
 def _scaled_heads(m: ModelSpec, tp: int, s: Scale, weight_shards: int) -> tuple[int, int, int]:
