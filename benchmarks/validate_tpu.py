@@ -82,7 +82,7 @@ topology (benchmarks/maxtext_memory, ids in MAXTEXT_ID; one sequence per batch s
 body's FLOPs).
 
 The validator's step and MaxText's agree within 8% on the dense and Mixtral plans (-4% to +8%; DeepSeek: +10% and
-+12%; Gemma 3: +1.7%; pp: -28% and -36%, below), so the two TPU columns are two readings of the same program family.
++12%; Gemma 3: +1.7%; pp: -5.3% and -33.5%, below), so the two TPU columns are two readings of the same program family.
 State (fp32 weights + mu + nu = 12 B/param) matches to 0.1% in every row: every difference is in temp.
 Buffers, from the buffer assignment (XLA_FLAGS=--xla_dump_to=DIR, *memory-usage-report.txt):
   * as the cost model counts: one stacked bf16 compute copy of the layer weights (the cast is hoisted out of the
@@ -139,21 +139,27 @@ all-to-alls count as all-to-alls of the balanced rows (planner.validate.hlo): 13
 Pipeline (llama2-7b, pp 2 x fsdp 4, 16 layers per stage, 2 micro-batches of 8 sequences, v5p 2x2x2; `--target`
 compiles dense pp plans since 2026-12-01): FLOPs -0.1% (bubble ticks included, planner.validate.compare
 .pipeline_flops_adjustment), state exact, reduce-scatter -0.3%, stage shifts -7.7%, all-gather -11%. Memory
-+39.9% against the validator's step, +0.5% against MaxText's own compile of the same plan (31.26 GB): the cost
-model counts what MaxText's pipeline holds (costmodel.memory.maxtext_stage_buffers: the whole stage's bf16
-gradients, reduced only after the iteration loop, and its gathered bf16 weights, 13 GB here), while XLA:TPU
-holds 22.45 GB on the validator's pipeline (planner.validate.pipeline, ticks under lax.scan): no buffer above
-250 MB (the logits), the stage's gathered bf16[4096, 2, 11008] MLP inputs (172 MB each) among the largest; which
-of MaxText's stage buffers it does without was not traced. Here the validator's step is a leaner program than
-MaxText's, not a reading of it; the row stays as a miss. Memory comes
-from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
++6.2% against the validator's step, +0.5% against MaxText's own compile of the same plan (31.26 GB). The cost model
+counts what MaxText's pipeline holds (costmodel.memory.maxtext_stage_buffers: the whole stage's bf16 gradients,
+reduced only after the iteration loop, and its gathered bf16 weights, 13 GB here). Until the fourteenth session
+the validator's pipeline gathered each layer's weights inside every tick and reduce-scattered the gradients there
+too, a leaner program than MaxText's (22.45 GB, +39.9%); its memory compile (ticks under lax.scan) now holds each
+stage's bf16 weights gathered for the whole loop and carries their unsharded bf16 gradient, reduce-scattered
+after it, as MaxText's does (planner.validate.pipeline.gathered_stage; the equality check runs that step against
+the one-device step): 29.59 GB (XLA's peak 26.85 GB; the fit floor 30.89 GB, above it). The FLOPs and collectives
+still come from the unrolled ticks, which gather layer by layer in every tick as MaxText's collectives run. Memory
+comes from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
 MoE in pipeline stages (`--target` compiles them since 2026-12-02, eleventh session): inside a stage, a region
 already manual over pp and dp, the step routes by capacity (planner.validate.model.moe_mlp), not dropless (a
-shard_map over the whole mesh), so no megablox FLOPs adjustment applies. Mixtral, pp 2 x ep 8 on v5p 2x2x4, 16
-layers per stage, seq 2048 (predicted 71.08 GB before compiling): FLOPs -0.1%, state exact, the experts'
-all-to-alls, the stage shifts and the reduce-scatter exact, all-reduce -1.2%; all-gather -32.6% (XLA gathers
-12.35 GB where 8.32 GB are counted; not traced); memory +37.8% (51.57 GB: the validator's pipeline, leaner than
-MaxText's, as on the dense pp plan). MaxText's own compile of the plan (twelfth session, after every rule; it routes
+shard_map over the whole mesh), so no megablox FLOPs adjustment applies, and since the fourteenth session the
+prediction for the validator's step is for that routing too (planner.validate.tpu.as_compiled: capacity factor
+1, 68.41 GB; MaxText's column keeps the dropless prediction, 71.08 GB). Mixtral, pp 2 x ep 8 on v5p 2x2x4, 16
+layers per stage, seq 2048: FLOPs -0.1%, state exact, the experts' all-to-alls, the stage shifts and the
+reduce-scatter exact, all-reduce -1.2%; all-gather -32.6% (XLA gathers 12.35 GB where 8.32 GB are counted; not
+traced); memory +27.4% (53.71 GB with the stage gathered; 51.57 GB and +37.8% before): ep splits the experts by
+expert, so gathering the stage gathers only the 1.3 GB outside them, where the cost model, as MaxText's dense
+pipeline showed it, counts a bf16 copy of the whole stage's weights (7.0 GB, 5.6 of them the experts'); the rest
+of the gap is not traced. MaxText's own compile of the plan (twelfth session, after every rule; it routes
 dropless inside its stages, megablox operands of 4x the balanced rows, bf16[16384, 14336]) holds 80.72 GB: the cost
 model -11.9%. Its buffer assignment is 67.95 GB (XLA's peak_memory_in_bytes 67.51 GB: the cost model +5.3%, the fit
 floor 70.81 GB, +4.9%, above it), and memory_analysis() reports 12.8 GB of temp beyond it (45.50 GB against a
@@ -240,16 +246,18 @@ def _row_of(x: dict) -> dict:
 
 
 @cache
-def current_cost(name: str):
+def current_cost(name: str, maxtext: bool = False):
     """costmodel.estimate for a plan of PLANS, as planner.validate.tpu costs it (MaxText's convention; a MoE
-    routes dropless, as both the validator's TPU step and MaxText do)."""
+    routes dropless, as both the validator's TPU step and MaxText do, except in the validator's pipeline stages,
+    which route by capacity: planner.validate.tpu.as_compiled); maxtext: as MaxText runs the plan (dropless)."""
     from costmodel.estimate import estimate
     from hardware.catalog import load_hardware
-    from planner.validate.tpu import parse_target, tpu_job
+    from planner.validate.tpu import as_compiled, parse_target, tpu_job
 
     _, model, target, seq, plan = PLAN_BY_NAME[name]
     t = parse_target(target)
-    return estimate(load_model(model), load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
+    m = load_model(model) if maxtext else as_compiled(load_model(model), plan)
+    return estimate(m, load_hardware(t.hardware), tpu_job(plan, seq), plan, t.chips)
 
 
 def current_flops(name: str) -> float:
@@ -260,10 +268,10 @@ def current_flops(name: str) -> float:
     return predicted_flops(load_model(model), tpu_job(plan, seq), plan, current_cost(name).hardware_flops_per_step)[0]
 
 
-def current_prediction_gb(name: str, fit: bool = False) -> float:
+def current_prediction_gb(name: str, fit: bool = False, maxtext: bool = False) -> float:
     """The current cost model's per-chip GB for a plan of PLANS; fit: the fit floor (Cost.fit_memory_bytes)
-    instead of the total."""
-    cost = current_cost(name)
+    instead of the total; maxtext: for MaxText's run of the plan (current_cost)."""
+    cost = current_cost(name, maxtext)
     return (cost.fit_memory_bytes if fit else cost.peak_memory_bytes) / GB
 
 
@@ -300,7 +308,7 @@ def maxtext_gb(name: str) -> float | None:
 
 def maxtext_error_pct(name: str) -> float | None:
     v = maxtext_gb(name)
-    return None if v is None else (current_prediction_gb(name) - v) / v * 100
+    return None if v is None else (current_prediction_gb(name, maxtext=True) - v) / v * 100
 
 
 def _mt(x: dict) -> str:

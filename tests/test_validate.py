@@ -221,18 +221,20 @@ def test_sharded_step_equals_one_device_step(has_jax):
                         "pp2-dp2-full-scanned,pp4-vpp2-dp2-selective,pp2-vpp2-dp2-full-scanned,"
                         "moe-ep4-fsdp2-none-dropless,moe-shared-dense-ep2-tp2-fsdp2-selective,"
                         "swa-cp2-tp2-fsdp2-none,layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless,"
-                        "layer-scan-swa-cp2-tp2-fsdp2-full"],
+                        "layer-scan-swa-cp2-tp2-fsdp2-full,moe-pp2-ep4-full-gathered,pp2-vpp2-fsdp4-full-gathered"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(rows) == 11  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
+    assert len(rows) == 13  # the third: GPipe stages (shard_map over pp, ppermute) with dp and fsdp; the fourth
     # the same schedule as one lax.scan over the ticks; the fifth and sixth: MaxText's circular pipeline (vpp 2,
     # the micro-batches going round a ring of 4 and of 2 stages), unrolled and scanned; the seventh: MaxText's
     # dropless MoE (ragged all-to-all over ep 4, grouped matmuls), which on one device also equals the
     # capacity-routed step given room for every token; then DeepSeek's layout (MLA, a dense layer, then a MoE
-    # layer with a shared expert); a sliding-window layer and a global one under cp; the last two: the TPU
+    # layer with a shared expert); a sliding-window layer and a global one under cp; then two rows of the TPU
     # compile's step (one lax.scan per run of alike blocks: DeepSeek-V2-Lite's dense layer, then two MoE layers;
-    # two blocks of a local and a global layer, then a local layer)
+    # two blocks of a local and a global layer, then a local layer); the scanned ticks with each stage's weights
+    # gathered for the whole loop (the TPU memory compile's, MaxText's layout) for MoE stages over ep 4 and for a
+    # circular pipeline over fsdp 4
     for row in rows:
         assert row["loss_diff"] < 1e-5, row
         assert row["max_grad_rel_err"] < 1e-4, row
@@ -350,6 +352,40 @@ def test_validate_circular_pipeline_plan_compare(has_jax):
     # 2 micro-batches: vpp 1 runs 3 ticks of 2 layers (6 layer passes), vpp 2 5 ticks of 1 (5): the layers' share
     # of the FLOPs drops by a sixth
     assert 0.80 < by["flops"]["xla"] / runs["1"]["flops"]["xla"] < 0.90
+
+
+GATHERED_STAGE = """
+import json
+from planner.validate import set_host_devices
+set_host_devices(8)
+from costmodel.catalog import load_model
+from costmodel.plan import Plan, remat_policy
+from planner.validate import hlo
+from planner.validate.model import Setup, build_step, make_mesh
+from planner.validate.scale import Scale, scale_down
+plan = Plan(pp=2, fsdp=4, remat=remat_policy("full"))
+small, job, _ = scale_down(load_model("llama3-8b"), plan, Scale(d_model=256, seq_len=64, n_layers=4))
+out = {}
+for gather in (False, True):
+    cfg = Setup(small, plan, job.seq_len, job.global_batch, "float32", scan_pipeline=True, gather_stage=gather)
+    step = build_step(cfg, make_mesh(plan))
+    out[gather] = hlo.memory(step.fn.lower(*step.abstract_inputs()).compile())["temp"]
+stage = sum(v.size for lay in step.abstract_inputs()[0]["layers"] for v in lay.values()) // plan.pp
+print(json.dumps({"temp": out[False], "temp_gathered": out[True], "stage_params": stage}))
+"""
+
+
+def test_gathered_stage_holds_the_stage_weights_and_gradient(has_jax):
+    """Setup.gather_stage (the TPU memory compile of a pp plan, MaxText's layout): the scanned tick loop holds the
+    stage's weights gathered over fsdp and their unsharded gradient, so XLA's temp grows by the gathered stage less
+    its shard, once for the weights and once for the gradient (fp32 here: 4 B per parameter)."""
+    r = subprocess.run([sys.executable, "-c", GATHERED_STAGE], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    x = json.loads(r.stdout.strip().splitlines()[-1])
+    beyond_shard = 4 * x["stage_params"] * (1 - 1 / 4)  # fsdp 4: a gathered fp32 stage less the chip's quarter
+    grown = x["temp_gathered"] - x["temp"]
+    assert beyond_shard < grown <= 2 * beyond_shard, (grown, beyond_shard)
 
 
 def test_validate_two_processes_jax_distributed(has_jax):

@@ -38,6 +38,10 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     # the same scanned step over a local/global attention pattern: one block per period (a local and a global
     # layer), five layers: two blocks scanned, then a last local layer of its own
     ("layer-scan-swa-cp2-tp2-fsdp2-full", "llama3-8b+swa", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("full"))),
+    # the scanned ticks with each stage's weights gathered for the whole loop (MaxText's layout, the TPU memory
+    # compile's): ep gathered around experts that stay split over it; a circular pipeline's chunks
+    ("moe-pp2-ep4-full-gathered", "mixtral-8x7b", Plan(pp=2, ep=4, remat=remat_policy("full"))),
+    ("pp2-vpp2-fsdp4-full-gathered", "llama3-8b", Plan(pp=2, vpp=2, fsdp=4, remat=remat_policy("full"))),
 ]
 LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2, "swa-cp2-tp2-fsdp2-none": 2,  # more than one layer
           "layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless": 3, "layer-scan-swa-cp2-tp2-fsdp2-full": 5}
@@ -72,7 +76,8 @@ def scanned_grads(cfg, mesh, params: dict, tokens, targets) -> tuple[float, dict
 
 
 def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, layers: int = 1,
-            scan_pipeline: bool = False, dropless: bool = False, layer_scan: bool = False) -> dict:
+            scan_pipeline: bool = False, dropless: bool = False, layer_scan: bool = False,
+            gather_stage: bool = False) -> dict:
     from dataclasses import replace
 
     import jax
@@ -95,7 +100,8 @@ def compare(model_name: str, plan: Plan, d_model: int = 64, seq_len: int = 64, l
         runs.append((no_drop, single_device_plan(plan), False))
     out = []
     for m, pl, dl in runs:
-        cfg = Setup(m, pl, job.seq_len, job.global_batch, "float32", scan_pipeline=scan_pipeline, dropless=dl)
+        cfg = Setup(m, pl, job.seq_len, job.global_batch, "float32", scan_pipeline=scan_pipeline or gather_stage,
+                    dropless=dl, gather_stage=gather_stage and pl is plan)
         step = build_step(cfg, make_mesh(pl), donate=False)
         params, _, tokens, targets = step.inputs(seed=1)
         if layer_scan and pl is plan:  # the sharded run: the TPU compile's scanned step
@@ -132,6 +138,7 @@ def main(argv: list[str]) -> None:
         print(json.dumps({"plan": name, **compare(model, plan, layers=LAYERS.get(name, 1),
                                                         scan_pipeline=name.endswith("-scanned"),
                                                         dropless=name.endswith("-dropless"),
+                                                        gather_stage=name.endswith("-gathered"),
                                                         layer_scan=name.startswith("layer-scan"))}), flush=True)
 
 

@@ -27,7 +27,9 @@ so the ring shift needs no buffer (MaxText buffers them for M > pp; the validato
 Two forms of the tick loop: unrolled (the default; XLA's cost analysis counts every tick, so FLOPs and
 collectives are read off it) and one lax.scan (Setup.scan_pipeline, as MaxText iterates; planner.validate.compare
 reads the memory figure off it, because in the unrolled step XLA:CPU's scheduler defers every tick's
-weight-gradient products to the end of the backward pass and keeps their inputs).
+weight-gradient products to the end of the backward pass and keeps their inputs). With Setup.gather_stage (the
+TPU memory compile, planner.validate.tpu) each stage's bf16 weights are gathered over fsdp once, for the whole
+loop, and the loop carries their unsharded bf16 gradient, as MaxText's pipeline holds them (gathered_stage).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from planner.validate.model import (
     param_specs,
     rmsnorm,
 )
+from planner.validate.scale import weight_axes
 
 
 def micro_steps(cfg: Setup) -> int:
@@ -190,6 +193,25 @@ def scanned_ticks(cfg: Setup, sh: Sharder, f, layers, table, tokens, stage) -> l
     return [io[k] for k in range(M)]
 
 
+def gathered_stage(cfg: Setup, sh: Sharder, layers: list) -> list:
+    """The stage's bf16 layer weights gathered over the axes that shard their d_model (fsdp; ep for the weights
+    outside the experts, which stay split over ep by expert), once, for the whole tick loop: MaxText's pipeline
+    holds the whole stage's gathered bf16 weights through its iteration loop and carries their unsharded bf16
+    gradient, reduce-scattered after it (benchmarks/maxtext_memory/NOTES.md, "Pipeline parallelism";
+    costmodel.memory.maxtext_stage_buffers). With repeats (vpp) every chunk is gathered (MaxText gathers one
+    chunk per iteration)."""
+    W = set(weight_axes(cfg.plan))
+    lead = () if cfg.plan.vpp == 1 else (None,)
+
+    def gathered(entry):
+        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        return entry if entry == "ep" or not (set(names) & W) else None
+
+    specs = param_specs(cfg)["layers"]
+    return [{k: sh(v, *lead, *(gathered(e) for e in specs[j][k])) for k, v in lay.items()}
+            for j, lay in enumerate(layers)]
+
+
 def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
     m, plan = cfg.model, cfg.plan
     S, M = plan.pp, micro_steps(cfg)
@@ -203,6 +225,8 @@ def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
         # pp-replicated ones over 'dp' x 'pp', one all-reduce) once per step, after the last micro-batch, as
         # MaxText and Megatron reduce gradients (left to GSPMD, each tick's partial sums were all-reduced).
         layers = jax.tree.map(lambda a: jax.lax.pcast(a[0].astype(cdt), "dp", to="varying"), layers)
+        if cfg.gather_stage:
+            layers = gathered_stage(cfg, sh, layers)
         p = jax.tree.map(lambda a: jax.lax.pcast(a.astype(cdt), MANUAL, to="varying"), rest)
         stage = jax.lax.axis_index("pp")
         outs = (scanned_ticks if cfg.scan_pipeline else unrolled_ticks)(cfg, sh, f, layers, p["embed"], tokens, stage)

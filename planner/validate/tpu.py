@@ -267,8 +267,11 @@ def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int =
     mesh = tpu_mesh(plan, devices)
     # MoE routes dropless as MaxText does (a shard_map over the whole mesh), but inside a pipeline stage, a region
     # already manual over pp and dp, by capacity (planner.validate.model.moe_mlp)
+    # The memory compile of a pp plan holds each stage's weights gathered through the tick loop, as MaxText's
+    # pipeline does (planner.validate.pipeline.gathered_stage); the unrolled FLOPs/collectives compiles gather
+    # them layer by layer in every tick, as MaxText's collectives run
     cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0,
-                dropless=plan.pp == 1, scan_pipeline=scan_ticks)
+                dropless=plan.pp == 1, scan_pipeline=scan_ticks, gather_stage=scan_ticks)
     if scan:
         fn, args = scanned_step(cfg, mesh, unroll)
     else:
@@ -481,6 +484,14 @@ def predicted_flops(m: ModelSpec, job: Job, plan: Plan, hardware_flops_per_step:
     return hardware_flops_per_step / plan.chips + extra, extra
 
 
+def as_compiled(m: ModelSpec, plan: Plan) -> ModelSpec:
+    """The model as the validator's TPU step runs it, for the cost model to be asked about: a dropless MoE routes
+    dropless (as MaxText) except inside pipeline stages, where it routes by capacity 1 (compile_step)."""
+    if plan.pp > 1 and m.is_moe and m.capacity_factor == 0:
+        return replace(m, capacity_factor=1.0)
+    return m
+
+
 def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Target,
               layers: tuple[int, int], block: int, devices: list | None, scan: bool) -> None:
     from costmodel.estimate import estimate
@@ -492,7 +503,7 @@ def _validate(res: TpuResult, m_full: ModelSpec, plan: Plan, seq_len: int, t: Ta
     res.model, res.job = m_full, job
     how = _compile_figures(res, m_full, plan, job, devices, layers, block, scan)
     chip = load_hardware(t.hardware)
-    cost = estimate(m_full, chip, job, plan, t.chips)
+    cost = estimate(as_compiled(m_full, plan), chip, job, plan, t.chips)
     flops, extra = predicted_flops(m_full, job, plan, cost.hardware_flops_per_step, block)
     res.predicted = {"memory_bytes": cost.peak_memory_bytes, "breakdown": dict(cost.memory),
                      "flops": flops, "flops_adjustment": extra}
