@@ -68,6 +68,10 @@ PLANS = [
     # 8, routed by capacity inside the stages
     ("mixtral_v5p32_pp2_ep8_full_s2048", "mixtral-8x7b", "tpu-v5p:2x2x4", 2048,
      Plan(pp=2, ep=8, remat=parse_remat("full"))),
+    # a circular pipeline (added 2026-12-04, fourteenth session): the dense pp plan with 2 repeats of 8 layers per
+    # stage (MaxText's num_layers_per_pipeline_stage 8)
+    ("l2-7b_v5p16_pp2_vpp2_fsdp4_full_s2048", "llama2-7b", "tpu-v5p:2x2x2", 2048,
+     Plan(pp=2, vpp=2, fsdp=4, micro_batch=2, remat=parse_remat("full"))),
 ]
 PLAN_BY_NAME = {p[0]: p for p in PLANS}
 GB = 1e9
@@ -149,6 +153,12 @@ after it, as MaxText's does (planner.validate.pipeline.gathered_stage; the equal
 the one-device step): 29.59 GB (XLA's peak 26.85 GB; the fit floor 30.89 GB, above it). The FLOPs and collectives
 still come from the unrolled ticks, which gather layer by layer in every tick as MaxText's collectives run. Memory
 comes from the full-depth compile (the 2- and 4-layer compiles extrapolate to 29.1 GB: not linear in depth).
+A circular pipeline (added 2026-12-04, fourteenth session; the same plan with vpp 2: two repeats of 8 layers per
+stage, MaxText's num_layers_per_pipeline_stage 8, whose own compile holds 28.35 GB, the cost model -1.6%): memory
+-5.8% against the validator's step (29.62 GB; the fit floor +17.5% over XLA's peak), FLOPs -0.1%, state exact,
+all-gather -11.0%, stage shifts -11.2%, reduce-scatter -59.2% (not traced). Its memory compile keeps the chunks
+sharded: gathering every chunk for the whole loop, as for GPipe stages, made XLA hold 46.26 GB (each tick's dynamic
+index into the gathered [vpp, ...] stacks copies them), where MaxText gathers one chunk per iteration.
 MoE in pipeline stages (`--target` compiles them since 2026-12-02, eleventh session): inside a stage, a region
 already manual over pp and dp, the step routes by capacity (planner.validate.model.moe_mlp), not dropless (a
 shard_map over the whole mesh), so no megablox FLOPs adjustment applies, and since the fourteenth session the
@@ -293,6 +303,7 @@ MAXTEXT_ID = {
     "ds2-lite_v5p16_fsdp8_minimal_s4096": "deepseek2-16b_v5p16_b1_s4096_minimal",
     "gemma3-12b_v5p16_fsdp8_full_s4096": "gemma3-12b_v5p16_b1_s4096_full",
     "mixtral_v5p32_pp2_ep8_full_s2048": "mixtral-8x7b_v5p32_b1_s2048_full_pp2_ep8",
+    "l2-7b_v5p16_pp2_vpp2_fsdp4_full_s2048": "l2-7b_v5p16_b2_s2048_full_pp2_circ2",
 }
 
 

@@ -39,9 +39,9 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
     # layer), five layers: two blocks scanned, then a last local layer of its own
     ("layer-scan-swa-cp2-tp2-fsdp2-full", "llama3-8b+swa", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("full"))),
     # the scanned ticks with each stage's weights gathered for the whole loop (MaxText's layout, the TPU memory
-    # compile's): ep gathered around experts that stay split over it; a circular pipeline's chunks
+    # compile's): ep gathered around experts that stay split over it; fsdp
     ("moe-pp2-ep4-full-gathered", "mixtral-8x7b", Plan(pp=2, ep=4, remat=remat_policy("full"))),
-    ("pp2-vpp2-fsdp4-full-gathered", "llama3-8b", Plan(pp=2, vpp=2, fsdp=4, remat=remat_policy("full"))),
+    ("pp2-fsdp4-full-gathered", "llama3-8b", Plan(pp=2, fsdp=4, remat=remat_policy("full"))),
 ]
 LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2, "swa-cp2-tp2-fsdp2-none": 2,  # more than one layer
           "layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless": 3, "layer-scan-swa-cp2-tp2-fsdp2-full": 5}

@@ -54,7 +54,7 @@ class Setup:
     flash_block: int = 512  # query / key block of the flash-style attention (planner.validate.flash)
     grad_clip: float = 0.0  # > 0: clip by global norm (MaxText's gradient_clipping_threshold, default 1.0)
     scan_pipeline: bool = False  # pp plans: the ticks as one lax.scan (planner.validate.pipeline.scanned_ticks)
-    gather_stage: bool = False  # pp plans: a stage's bf16 weights gathered for the whole loop (MaxText's layout)
+    gather_stage: bool = False  # GPipe plans (vpp 1): a stage's bf16 weights gathered for the whole loop (MaxText)
     dropless: bool = False  # dropless MoE (capacity_factor 0) as MaxText runs it (moe_dropless); else capacity 1
 
     @property

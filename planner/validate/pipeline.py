@@ -28,8 +28,8 @@ Two forms of the tick loop: unrolled (the default; XLA's cost analysis counts ev
 collectives are read off it) and one lax.scan (Setup.scan_pipeline, as MaxText iterates; planner.validate.compare
 reads the memory figure off it, because in the unrolled step XLA:CPU's scheduler defers every tick's
 weight-gradient products to the end of the backward pass and keeps their inputs). With Setup.gather_stage (the
-TPU memory compile, planner.validate.tpu) each stage's bf16 weights are gathered over fsdp once, for the whole
-loop, and the loop carries their unsharded bf16 gradient, as MaxText's pipeline holds them (gathered_stage).
+TPU memory compile, planner.validate.tpu) each GPipe stage's bf16 weights are gathered over fsdp once, for the
+whole loop, and the loop carries their unsharded bf16 gradient, as MaxText's pipeline holds them (gathered_stage).
 """
 
 from __future__ import annotations
@@ -198,17 +198,18 @@ def gathered_stage(cfg: Setup, sh: Sharder, layers: list) -> list:
     outside the experts, which stay split over ep by expert), once, for the whole tick loop: MaxText's pipeline
     holds the whole stage's gathered bf16 weights through its iteration loop and carries their unsharded bf16
     gradient, reduce-scattered after it (benchmarks/maxtext_memory/NOTES.md, "Pipeline parallelism";
-    costmodel.memory.maxtext_stage_buffers). With repeats (vpp) every chunk is gathered (MaxText gathers one
-    chunk per iteration)."""
+    costmodel.memory.maxtext_stage_buffers). GPipe stages only: with repeats (vpp) MaxText gathers one chunk per
+    iteration, and gathering every chunk for the whole loop made XLA:TPU hold 46 GB where MaxText holds 28
+    (llama2-7b pp 2 x vpp 2 x fsdp 4; each tick's dynamic chunk index copies the gathered stack), so a circular
+    pipeline keeps its chunks sharded (29.6 GB there)."""
     W = set(weight_axes(cfg.plan))
-    lead = () if cfg.plan.vpp == 1 else (None,)
 
     def gathered(entry):
         names = (entry,) if isinstance(entry, str) else tuple(entry or ())
         return entry if entry == "ep" or not (set(names) & W) else None
 
     specs = param_specs(cfg)["layers"]
-    return [{k: sh(v, *lead, *(gathered(e) for e in specs[j][k])) for k, v in lay.items()}
+    return [{k: sh(v, *(gathered(e) for e in specs[j][k])) for k, v in lay.items()}
             for j, lay in enumerate(layers)]
 
 
@@ -225,7 +226,7 @@ def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
         # pp-replicated ones over 'dp' x 'pp', one all-reduce) once per step, after the last micro-batch, as
         # MaxText and Megatron reduce gradients (left to GSPMD, each tick's partial sums were all-reduced).
         layers = jax.tree.map(lambda a: jax.lax.pcast(a[0].astype(cdt), "dp", to="varying"), layers)
-        if cfg.gather_stage:
+        if cfg.gather_stage and cfg.plan.vpp == 1:
             layers = gathered_stage(cfg, sh, layers)
         p = jax.tree.map(lambda a: jax.lax.pcast(a.astype(cdt), MANUAL, to="varying"), rest)
         stage = jax.lax.axis_index("pp")

@@ -267,7 +267,7 @@ def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int =
     mesh = tpu_mesh(plan, devices)
     # MoE routes dropless as MaxText does (a shard_map over the whole mesh), but inside a pipeline stage, a region
     # already manual over pp and dp, by capacity (planner.validate.model.moe_mlp)
-    # The memory compile of a pp plan holds each stage's weights gathered through the tick loop, as MaxText's
+    # The memory compile of a GPipe plan holds each stage's weights gathered through the tick loop, as MaxText's
     # pipeline does (planner.validate.pipeline.gathered_stage); the unrolled FLOPs/collectives compiles gather
     # them layer by layer in every tick, as MaxText's collectives run
     cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0,
