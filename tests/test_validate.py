@@ -364,22 +364,18 @@ from costmodel.plan import Plan, remat_policy
 from planner.validate import hlo
 from planner.validate.model import Setup, build_step, make_mesh
 from planner.validate.scale import Scale, scale_down
+def temps(plan):  # (temp without, temp with gather_stage, one stage's parameters) of the scanned pipeline step
+    small, job, _ = scale_down(load_model("llama3-8b"), plan, Scale(d_model=256, seq_len=64, n_layers=4))
+    out = []
+    for gather in (False, True):
+        cfg = Setup(small, plan, job.seq_len, job.global_batch, "float32", scan_pipeline=True, gather_stage=gather)
+        step = build_step(cfg, make_mesh(plan))
+        out.append(hlo.memory(step.fn.lower(*step.abstract_inputs()).compile())["temp"])
+    return *out, sum(v.size for lay in step.abstract_inputs()[0]["layers"] for v in lay.values()) // plan.pp
 plan = Plan(pp=2, fsdp=4, remat=remat_policy("full"))
-small, job, _ = scale_down(load_model("llama3-8b"), plan, Scale(d_model=256, seq_len=64, n_layers=4))
-out = {}
-for gather in (False, True):
-    cfg = Setup(small, plan, job.seq_len, job.global_batch, "float32", scan_pipeline=True, gather_stage=gather)
-    step = build_step(cfg, make_mesh(plan))
-    out[gather] = hlo.memory(step.fn.lower(*step.abstract_inputs()).compile())["temp"]
-stage = sum(v.size for lay in step.abstract_inputs()[0]["layers"] for v in lay.values()) // plan.pp
-circular = replace(plan, vpp=2)
-small, job, _ = scale_down(load_model("llama3-8b"), circular, Scale(d_model=256, seq_len=64, n_layers=4))
-def temp(cfg, plan):
-    step = build_step(cfg, make_mesh(plan))
-    return hlo.memory(step.fn.lower(*step.abstract_inputs()).compile())["temp"]
-circ = [temp(Setup(small, circular, job.seq_len, job.global_batch, "float32", scan_pipeline=True, gather_stage=g),
-             circular) for g in (False, True)]
-print(json.dumps({"temp": out[False], "temp_gathered": out[True], "stage_params": stage, "circular": circ}))
+temp, temp_gathered, stage = temps(plan)
+circular = temps(replace(plan, vpp=2))[:2]
+print(json.dumps({"temp": temp, "temp_gathered": temp_gathered, "stage_params": stage, "circular": circular}))
 """
 
 

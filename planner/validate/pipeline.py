@@ -202,6 +202,8 @@ def gathered_stage(cfg: Setup, sh: Sharder, layers: list) -> list:
     iteration, and gathering every chunk for the whole loop made XLA:TPU hold 46 GB where MaxText holds 28
     (llama2-7b pp 2 x vpp 2 x fsdp 4; each tick's dynamic chunk index copies the gathered stack), so a circular
     pipeline keeps its chunks sharded (29.6 GB there)."""
+    if cfg.plan.vpp > 1:
+        return layers
     W = set(weight_axes(cfg.plan))
 
     def gathered(entry):
@@ -226,7 +228,7 @@ def pipeline_loss(cfg: Setup, mesh, params: dict, tokens, targets):
         # pp-replicated ones over 'dp' x 'pp', one all-reduce) once per step, after the last micro-batch, as
         # MaxText and Megatron reduce gradients (left to GSPMD, each tick's partial sums were all-reduced).
         layers = jax.tree.map(lambda a: jax.lax.pcast(a[0].astype(cdt), "dp", to="varying"), layers)
-        if cfg.gather_stage and cfg.plan.vpp == 1:
+        if cfg.gather_stage:
             layers = gathered_stage(cfg, sh, layers)
         p = jax.tree.map(lambda a: jax.lax.pcast(a.astype(cdt), MANUAL, to="varying"), rest)
         stage = jax.lax.axis_index("pp")
