@@ -407,10 +407,12 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
             only_input = plan.remat.count("device") == 1 and plan.remat.choices()["layer_input"] == "device"
             loop_buffers = xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
             loop_tp = xla_loop_tp_bytes(act_saved, layer_grads, plan.tp)
-    # Logits and loss (vocab-sharded by tp, on the last stage). PyTorch stacks: bf16 logits plus their fp32
-    # upcast for the cross-entropy, the gradient reusing the fp32 buffer (6 B). XLA (MaxText) fuses the fp32
-    # log-softmax into its consumers: bf16 logits and their bf16 gradient (4 B; matches the TPU compile).
-    logit_bytes = 4 if job.framework == "maxtext" else 6
+    # Logits and loss (vocab-sharded by tp, on the last stage). Megatron/DeepSpeed: bf16 logits plus their fp32
+    # upcast for the vocab-parallel cross-entropy, the gradient reusing the fp32 buffer (6 B). XLA (MaxText) fuses
+    # the fp32 log-softmax into its consumers: bf16 logits and their bf16 gradient (4 B; matches the TPU compile).
+    # llm-foundry (pytorch-fsdp) defaults to loss_fn fused_crossentropy, flash-attn's xentropy kernel: it keeps
+    # the bf16 logits and an fp32 log-sum-exp per row, and writes a new bf16 gradient (4 B).
+    logit_bytes = 4 if job.framework in ("maxtext", "pytorch-fsdp") else 6
     # Vocab tiling (MaxText num_vocab_tiling) computes logits, loss and their gradient one token chunk at a time.
     logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
     head_extra = head_table_bytes(tokens * m.vocab_size / plan.tp / plan.vocab_tiles,

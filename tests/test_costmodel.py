@@ -80,6 +80,19 @@ def test_memory_by_hand_fsdp_maxtext():
     assert b["logits"] == pytest.approx(128 * 1000 * 4)
 
 
+def test_logits_bytes_per_framework():
+    """Logits and their gradient per token and vocab entry (tp 2 splits the vocab): MaxText and llm-foundry
+    (flash-attn's fused cross-entropy) keep bf16 logits and a bf16 gradient, 4 B; Megatron and DeepSpeed add the
+    fp32 upcast of the vocab-parallel cross-entropy, 6 B."""
+    m = ModelSpec("m", n_layers=2, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
+    plan = Plan(dp=4, tp=2, micro_batch=2, remat=REMAT_POLICIES["full"])
+    tokens_vocab = 2 * 128 * 1000 / 2
+    for framework, per_elem in (("maxtext", 4), ("pytorch-fsdp", 4), ("megatron", 6), ("deepspeed", 6)):
+        job = Job(seq_len=128, global_batch=8, framework=framework)
+        b = memory_terms(m, H100, job, plan, accum=1).breakdown
+        assert b["logits"] == pytest.approx(per_elem * tokens_vocab), framework
+
+
 def test_maxtext_bf16_weight_dtype_and_grad_accumulation_state():
     m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
     plan = Plan(fsdp=8, micro_batch=1, zero=3, remat=REMAT_POLICIES["full"])
