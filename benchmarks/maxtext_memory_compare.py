@@ -46,7 +46,9 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            "deepseek2-16b_v5p16_b0.5_s4096_full_tp2", "deepseek2-16b_v5p16_b1_s4096_minimal",
            # the output table's size and tying, one at a time, on llama3-8b over fsdp 8 (twelfth session)
            "l3-8b_v5p16_b1_s4096_full", "l3-8b_v5p16_b1_s4096_full_tied", "l3-8b_v5p16_b1_s4096_full_v262k",
-           "l3-8b_v5p16_b1_s4096_full_v262k_tied")
+           "l3-8b_v5p16_b1_s4096_full_v262k_tied",
+           # a published v6e recipe the fit floor put over v6e's HBM (gpt3-175b, 256 chips; fifteenth session)
+           "trillium-gpt3-175b_v6e256_b3_s2048_full")
 # benchmarks/validate_tpu.py's plans as MaxText runs them (added 2026-12-01; the two DeepSeek-V2-Lite ones in the
 # tenth session, compiled after every rule); the tensor-parallel loop buffer of costmodel.memory.xla_loop_extra_bytes
 # was revised after the dense ones (it had been read off one tp config).

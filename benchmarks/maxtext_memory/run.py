@@ -180,6 +180,9 @@ CONFIGS: list[Config] = [
     Config("trillium-l31-70b_v6e64_b2_s8192_custom", "llama3.1-70b", "v6e-64", 2, 8192, "custom",
            extra={"decoder_layer_input": "offload", "query_proj": "offload", "key_proj": "offload",
                   "value_proj": "offload"}),
+    # a published v6e recipe that ran and that the fit floor puts 9 % over v6e's HBM (tpu-recipes-v6e gpt_3_175b_bf16:
+    # per_device_batch_size 3, full remat; the recipe's XLA flags not set; added 2026-12-05, fifteenth session)
+    Config("trillium-gpt3-175b_v6e256_b3_s2048_full", "gpt3-175b", "v6e-256", 3, 2048, "full"),
     # the fit check's boundary, compiled after the fit floor (costmodel.memory.fit_floor_bytes) was set: two the
     # floor says fit although their totals are over v6e's 31.24 GiB, two it says do not (holdout)
     Config("l3-8b_v6e8_b2_s8192_full", "llama3-8b", "v6e-8", 2, 8192, "full"),
