@@ -43,8 +43,6 @@ def report(file: Path) -> str:
     out.write(f"{'rows within 25%':40s} {within}/{len(ok)}\n")
     fits = sum(bool(r["fits"]) for r in ok)
     out.write(f"{'rows predicted to fit in memory':40s} {fits}/{len(ok)}\n")
-    may = sum(bool(r["xla_may_fit"]) for r in ok)
-    out.write(f"{'of the others, XLA may fit (within 10 %)':40s} {may}/{len(ok) - fits}\n")
     out.write("(mem GiB: the predicted peak, under MaxText XLA's memory_analysis() total; fit GiB: what the fit check\n"
               " reads, under MaxText the floor XLA compiles into, costmodel.memory.fit_floor_bytes)\n")
     return out.getvalue()

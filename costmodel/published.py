@@ -199,7 +199,6 @@ def evaluate(cases: list[Case], chips: dict[str, Chip] | None = None) -> list[di
                      "predicted_step_time_s": cost.step_time_s, "measured_step_time_s": c.measured_step_time_s,
                      "error_pct": err, "predicted_peak_memory_bytes": cost.peak_memory_bytes,
                      "predicted_fit_memory_bytes": cost.fit_memory_bytes, "fits": cost.fits,
-                     "xla_may_fit": cost.xla_may_fit,
                      "mfu": cost.mfu})
     return rows
 
