@@ -158,8 +158,6 @@ def print_explanation(ex, console: Console | None = None) -> None:
     console = console or Console()
     c = ex.cost
     fit = "fits" if c.fits else f"does NOT fit (over by {c.overflow_bytes / GIB:.1f} GiB)"
-    if c.xla_may_fit:
-        fit += ", though XLA may fit it"
     console.print(f"[bold]{escape(ex.model)} on {ex.chips} x {escape(ex.hardware)}[/bold]: {plan_summary(ex.plan)}")
     console.print(f"step {c.step_time_s:.3f} s   MFU {c.mfu * 100:.1f} %   {c.tokens_per_s:,.0f} tokens/s   "
                   f"memory {c.peak_memory_bytes / GIB:.2f} / {c.hbm_usable_bytes / GIB:.1f} GiB per chip"

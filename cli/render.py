@@ -54,8 +54,6 @@ def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
     head.add_column("metric", style="bold")
     head.add_column("value", justify="right")
     fit = "yes" if cost.fits else f"NO (over by {cost.overflow_bytes / GIB:.1f} GiB)"
-    if cost.xla_may_fit:
-        fit = f"NO (over by {cost.overflow_bytes / GIB:.1f} GiB), but XLA may fit it: compile it to see"
     if cost.fits and cost.peak_memory_bytes > cost.hbm_usable_bytes:
         fit = "yes (by the least memory XLA needs)"
     for k, v in (("step time", f"{cost.step_time_s:.3f} s"), ("MFU", f"{cost.mfu * 100:.1f} %"),

@@ -32,7 +32,6 @@ class Cost:
     hbm_usable_bytes: float
     fits: bool  # fit_memory_bytes <= usable HBM (and host memory within the host's)
     overflow_bytes: float  # fit_memory_bytes - usable, 0 when it fits
-    xla_may_fit: bool  # does not fit, but XLA may still compile it (costmodel.memory.XLA_SQUEEZE_MARGIN)
     host_memory_bytes: float  # per chip, used by offload
     host_fits: bool
     grad_accum: int
@@ -61,7 +60,6 @@ class Cost:
             "tflops_per_chip": self.tflops_per_chip, "peak_memory_bytes": self.peak_memory_bytes,
             "fit_memory_bytes": self.fit_memory_bytes,
             "hbm_usable_bytes": self.hbm_usable_bytes, "fits": self.fits, "overflow_bytes": self.overflow_bytes,
-            "xla_may_fit": self.xla_may_fit,
             "host_memory_bytes": self.host_memory_bytes, "host_fits": self.host_fits,
             "grad_accum": self.grad_accum, "model_flops_per_step": self.model_flops_per_step,
             "hardware_flops_per_step": self.hardware_flops_per_step,

@@ -32,7 +32,6 @@ from costmodel.memory import (
     memory_terms,
     stage_kinds,
     weight_shard_degrees,
-    xla_may_squeeze,
 )
 from costmodel.model import ModelSpec
 from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, pipeline_split
@@ -584,7 +583,6 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         hbm_usable_bytes=usable,
         fits=mem.fit_bytes <= usable and mem.host_bytes <= chip.host_mem_bytes,
         overflow_bytes=max(0.0, mem.fit_bytes - usable),
-        xla_may_fit=xla_may_squeeze(job, mem.fit_bytes, usable) and mem.host_bytes <= chip.host_mem_bytes,
         host_memory_bytes=mem.host_bytes,
         host_fits=mem.host_bytes <= chip.host_mem_bytes,
         grad_accum=accum,

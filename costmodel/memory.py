@@ -175,18 +175,6 @@ def schedules_to_hbm(job: Job) -> bool:
     return job.framework == "maxtext"
 
 
-# How far over XLA's available HBM a MaxText step's fit floor may be and the step still compile: XLA:TPU fits its
-# schedule to the HBM under pressure. MaxText 0.2.5's compiles on v6e (benchmarks/maxtext_memory_report.txt):
-# accepted with the floor 9.1 % over (llama3-8b pp 2, the gpt3-175b recipe; XLA's peak 89 % and 97 % of the HBM),
-# refused with it 13.8 to 18.0 % over (four). Six compiles are the evidence: a hint to compile the plan, no verdict.
-XLA_SQUEEZE_MARGIN = 0.10
-
-
-def xla_may_squeeze(job: Job, fit_bytes: float, usable_bytes: float) -> bool:
-    """The fit check says no, but by so little that XLA may still compile the step (XLA_SQUEEZE_MARGIN)."""
-    return schedules_to_hbm(job) and usable_bytes < fit_bytes <= usable_bytes * (1 + XLA_SQUEEZE_MARGIN)
-
-
 def fit_floor_bytes(breakdown: dict[str, float], loop_tp: float = 0.0, head: float = 0.0) -> float:
     """The HBM a step compiled by XLA needs to fit: model state, the saved checkpoints, the scanned loop's
     tensor-parallel buffer (loop_tp, xla_loop_tp_bytes; counted beside both phases, the safe side), and the

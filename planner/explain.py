@@ -23,7 +23,6 @@ from costmodel.cost import Cost
 from costmodel.estimate import dcn_split, estimate, op_time, stage_times
 from costmodel.flops import layer_ops, logits_op
 from costmodel.job import Job
-from costmodel.memory import XLA_SQUEEZE_MARGIN
 from costmodel.model import ModelSpec
 from costmodel.plan import REMAT_POLICIES, Plan, Remat
 from hardware.chip import Chip
@@ -358,10 +357,6 @@ def bottleneck(cost: Cost, chip: Chip, job: Job, plan: Plan) -> Bottleneck:
             msg = (f"Does not fit: {cost.fit_memory_bytes / 2**30:.1f} GiB per chip against "
                    f"{cost.hbm_usable_bytes / 2**30:.1f} GiB usable ({big} is the largest at "
                    f"{cost.memory[big] / 2**30:.1f} GiB): heavier remat, more fsdp/tp/pp, or offload")
-            if cost.xla_may_fit:
-                msg += (f" (or compile it first: within {XLA_SQUEEZE_MARGIN:.0%} of the HBM XLA has fitted such "
-                        "steps by scheduling them tighter; `planner validate --target` or MaxText's train_compile "
-                        "tells)")
         else:
             msg = (f"Does not fit: host memory {cost.host_memory_bytes / 2**30:.1f} GiB per chip exceeds the "
                    f"{chip.host_mem_bytes / 2**30:.0f} GiB available: offload less")

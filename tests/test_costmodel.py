@@ -646,29 +646,3 @@ def test_job_bounds_are_named():
         with pytest.raises(InputError, match=match):
             Job(**kw)
     assert Job(4096, 2**28).tokens == 2**40  # the bound itself is allowed
-
-
-def test_xla_may_squeeze_margin():
-    """Within 10 % over XLA's HBM a MaxText step may still compile (XLA fits its schedule under pressure); beyond,
-    or under a PyTorch stack's allocator, the fit check's no stands."""
-    from costmodel.memory import xla_may_squeeze
-
-    mt, meg = Job(seq_len=128, global_batch=8), Job(seq_len=128, global_batch=8, framework="megatron")
-    assert xla_may_squeeze(mt, 105.0, 100.0) and xla_may_squeeze(mt, 110.0, 100.0)
-    assert not xla_may_squeeze(mt, 110.5, 100.0) and not xla_may_squeeze(mt, 99.0, 100.0)
-    assert not xla_may_squeeze(meg, 105.0, 100.0)
-
-
-def test_xla_may_fit_on_v6e_compiles():
-    """MaxText 0.2.5 compiled llama3-8b pp 2 x fsdp 4 (seq 4096) on v6e-8 with the floor 9 % over the HBM, and
-    refused 3 x 8192 tokens per chip with full remat (the floor 14 % over): the hint marks the first only."""
-    from costmodel.catalog import load_model
-
-    v6e = load_hardware("tpu-v6e")
-    m = load_model("llama3-8b")
-    pp2 = estimate(m, v6e, Job(seq_len=4096, global_batch=8), Plan(pp=2, fsdp=4, micro_batch=1,
-                                                                    remat=REMAT_POLICIES["full"]))
-    assert not pp2.fits and pp2.xla_may_fit
-    b3 = estimate(m, v6e, Job(seq_len=8192, global_batch=24), Plan(fsdp=8, micro_batch=3,
-                                                                   remat=REMAT_POLICIES["full"]))
-    assert not b3.fits and not b3.xla_may_fit
