@@ -48,7 +48,11 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            "l3-8b_v5p16_b1_s4096_full", "l3-8b_v5p16_b1_s4096_full_tied", "l3-8b_v5p16_b1_s4096_full_v262k",
            "l3-8b_v5p16_b1_s4096_full_v262k_tied",
            # a published v6e recipe the fit floor put over v6e's HBM (gpt3-175b, 256 chips; fifteenth session)
-           "trillium-gpt3-175b_v6e256_b3_s2048_full")
+           "trillium-gpt3-175b_v6e256_b3_s2048_full",
+           # the xla_may_fit band (floor up to 10 % over the HBM), compiled after the margin was set
+           "l3-8b_v6e8_b3_s4096_savedotexceptmlp", "mistral-7b_v6e8_b2_s8192_savedotexceptmlp",
+           "l2-7b_v6e8_b2_s8192_saveqkv", "l2-13b_v6e8_b2_s4096_full", "mistral-7b_v6e8_b6_s8192_full",
+           "l2-13b_v6e8_b3_s4096_full")
 # benchmarks/validate_tpu.py's plans as MaxText runs them (added 2026-12-01; the two DeepSeek-V2-Lite ones in the
 # tenth session, compiled after every rule); the tensor-parallel loop buffer of costmodel.memory.xla_loop_extra_bytes
 # was revised after the dense ones (it had been read off one tp config).

@@ -183,6 +183,15 @@ CONFIGS: list[Config] = [
     # a published v6e recipe that ran and that the fit floor puts 9 % over v6e's HBM (tpu-recipes-v6e gpt_3_175b_bf16:
     # per_device_batch_size 3, full remat; the recipe's XLA flags not set; added 2026-12-05, fifteenth session)
     Config("trillium-gpt3-175b_v6e256_b3_s2048_full", "gpt3-175b", "v6e-256", 3, 2048, "full"),
+    # the band where Cost.xla_may_fit says XLA may compile a plan the fit floor puts over the HBM (floor at most 10 %
+    # over, costmodel.memory.XLA_SQUEEZE_MARGIN): compiled after the margin was set (fifteenth session, holdout), four
+    # inside it (floor 3-9 % over v6e's 31.24 GiB) and two beyond it (11-13 % over)
+    Config("l3-8b_v6e8_b3_s4096_savedotexceptmlp", "llama3-8b", "v6e-8", 3, 4096, "save_dot_except_mlp"),
+    Config("mistral-7b_v6e8_b2_s8192_savedotexceptmlp", "mistral-7b", "v6e-8", 2, 8192, "save_dot_except_mlp"),
+    Config("l2-7b_v6e8_b2_s8192_saveqkv", "llama2-7b", "v6e-8", 2, 8192, "save_qkv_proj"),
+    Config("l2-13b_v6e8_b2_s4096_full", "llama2-13b", "v6e-8", 2, 4096, "full"),
+    Config("mistral-7b_v6e8_b6_s8192_full", "mistral-7b", "v6e-8", 6, 8192, "full"),
+    Config("l2-13b_v6e8_b3_s4096_full", "llama2-13b", "v6e-8", 3, 4096, "full"),
     # the fit check's boundary, compiled after the fit floor (costmodel.memory.fit_floor_bytes) was set: two the
     # floor says fit although their totals are over v6e's 31.24 GiB, two it says do not (holdout)
     Config("l3-8b_v6e8_b2_s8192_full", "llama3-8b", "v6e-8", 2, 8192, "full"),
