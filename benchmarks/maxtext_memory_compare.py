@@ -52,7 +52,10 @@ HOLDOUT = ("l2-13b_v5p32_b2_s4096_minimal", "l3-8b_v5p16_b2_s4096_savedotexceptm
            # the xla_may_fit band (floor up to 10 % over the HBM), compiled after the margin was set
            "l3-8b_v6e8_b3_s4096_savedotexceptmlp", "mistral-7b_v6e8_b2_s8192_savedotexceptmlp",
            "l2-7b_v6e8_b2_s8192_saveqkv", "l2-13b_v6e8_b2_s4096_full", "mistral-7b_v6e8_b6_s8192_full",
-           "l2-13b_v6e8_b3_s4096_full")
+           "l2-13b_v6e8_b3_s4096_full",
+           # the fit floor just under the HBM (96.7-100 % of it), compiled to test the "fits" side of the boundary
+           "l3-8b_v6e8_b3_s4096_saveqkv", "l2-7b_v6e8_b3_s2048_minimal", "l2-7b_v6e8_b5_s8192_full",
+           "l2-13b_v6e8_b1_s4096_full")
 # benchmarks/validate_tpu.py's plans as MaxText runs them (added 2026-12-01; the two DeepSeek-V2-Lite ones in the
 # tenth session, compiled after every rule); the tensor-parallel loop buffer of costmodel.memory.xla_loop_extra_bytes
 # was revised after the dense ones (it had been read off one tp config).

@@ -192,6 +192,12 @@ CONFIGS: list[Config] = [
     Config("l2-13b_v6e8_b2_s4096_full", "llama2-13b", "v6e-8", 2, 4096, "full"),
     Config("mistral-7b_v6e8_b6_s8192_full", "mistral-7b", "v6e-8", 6, 8192, "full"),
     Config("l2-13b_v6e8_b3_s4096_full", "llama2-13b", "v6e-8", 3, 4096, "full"),
+    # the other side of the boundary: plans the fit floor puts just under v6e's HBM (96.7-100 % of it), where a wrong
+    # "fits" would be the costly error (fifteenth session, holdout)
+    Config("l3-8b_v6e8_b3_s4096_saveqkv", "llama3-8b", "v6e-8", 3, 4096, "save_qkv_proj"),
+    Config("l2-7b_v6e8_b3_s2048_minimal", "llama2-7b", "v6e-8", 3, 2048, "minimal"),
+    Config("l2-7b_v6e8_b5_s8192_full", "llama2-7b", "v6e-8", 5, 8192, "full"),
+    Config("l2-13b_v6e8_b1_s4096_full", "llama2-13b", "v6e-8", 1, 4096, "full"),
     # the fit check's boundary, compiled after the fit floor (costmodel.memory.fit_floor_bytes) was set: two the
     # floor says fit although their totals are over v6e's 31.24 GiB, two it says do not (holdout)
     Config("l3-8b_v6e8_b2_s8192_full", "llama3-8b", "v6e-8", 2, 8192, "full"),
