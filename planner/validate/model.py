@@ -119,13 +119,8 @@ def single_device_plan(plan: Plan) -> Plan:
 
 # ---- shardings -------------------------------------------------------------------------------------------
 
-def _w_axes(cfg: Setup, moments: bool = False) -> tuple[str, ...]:
-    """Mesh axes that shard the weights' d_model dimension (planner.validate.scale.weight_axes)."""
-    return weight_axes(cfg.plan, moments)
-
-
 def param_specs(cfg: Setup, moments: bool = False) -> dict:
-    m, W = cfg.model, _w_axes(cfg, moments)
+    m, W = cfg.model, weight_axes(cfg.plan, moments)
     layer = {"norm1": P(None), "norm2": P(None), "wo": P("tp", None, W)}
     if m.is_mla:  # MaxText's kernel axes: down-projections by d_model only, up-projections' latent like d_model
         layer.update(wkv_a=P(W, None), kv_norm=P(None), wkv_b=P(W, "tp", None))
@@ -409,7 +404,7 @@ def moe_dropless(cfg: Setup, sh: Sharder, p: dict, x):
     gates, idx = _top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
     gates = sh(gates / jnp.sum(gates, axis=-1, keepdims=True), BATCH, "cp", None)
     idx = sh(idx, BATCH, "cp", None)
-    we = tuple(a for a in _w_axes(cfg) if a != "ep")
+    we = tuple(a for a in weight_axes(cfg.plan) if a != "ep")
 
     def local(x, gates, idx, *ws):
         b, s, d = x.shape
@@ -487,7 +482,7 @@ def embed(cfg: Setup, sh: Sharder, table, tokens):
     rows, and one all-to-all per shard axis hands each row to the chip that owns its token (the backward pass
     sends the row gradients back). Left to itself, GSPMD picks a different scheme for each mesh (row
     all-gathers over dp, full-table gradient all-reduces or row all-gathers over cp)."""
-    w = list(_w_axes(cfg))
+    w = list(weight_axes(cfg.plan))
     batch = [a for a in BATCH if a not in w]  # batch axes the table is replicated over
     seq: list[str] = []
     x = jnp.take(table, sh(tokens, tuple(batch) or None, None), axis=0)
