@@ -293,24 +293,29 @@ def candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints
     cons = cons or Constraints()
     if slices is None:
         slices = default_slices(chip, chips, cons.slices)
+    fx = cons.fixed
+    for tp, cp, pp, ep in _model_parallel_degrees(m, chip, job, chips, cons):
+        rest = chips // (tp * cp * pp * ep)
+        for fsdp in divisors(rest):
+            dp = rest // fsdp
+            if fx.get("dp", dp) != dp or fx.get("fsdp", fsdp) != fsdp:
+                continue
+            yield from _meshes(m, chip, job, slices, fx, dp, fsdp, tp, cp, pp, ep)
+
+
+def _model_parallel_degrees(m: ModelSpec, chip: Chip, job: Job, chips: int,
+                            cons: Constraints) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, cp, pp, ep) allowed by the rules whose product divides the chip count, tp * cp within one node."""
     opts = axis_options(m, chip, job, chips, cons)
     node = chip.scale_up.domain_chips if chip.scale_up.kind != "torus" else 0
-    fx = cons.fixed
     for tp in opts["tp"]:
         for cp in opts["cp"]:
             if not in_node(tp * cp, node, chips):
                 continue
             for pp in opts["pp"]:
                 for ep in opts["ep"]:
-                    mp = tp * cp * pp * ep
-                    if chips % mp:
-                        continue
-                    rest = chips // mp
-                    for fsdp in divisors(rest):
-                        dp = rest // fsdp
-                        if fx.get("dp", dp) != dp or fx.get("fsdp", fsdp) != fsdp:
-                            continue
-                        yield from _meshes(m, chip, job, slices, fx, dp, fsdp, tp, cp, pp, ep)
+                    if chips % (tp * cp * pp * ep) == 0:
+                        yield tp, cp, pp, ep
 
 
 def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int], dp: int, fsdp: int, tp: int,
@@ -346,19 +351,8 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
 
 def model_parallel_limit(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> int:
     """The most chips one sequence can be spread over (tp * cp * pp * ep) under the rules, ignoring the batch."""
-    opts = axis_options(m, chip, job, chips, cons)
-    node = chip.scale_up.domain_chips if chip.scale_up.kind != "torus" else 0
-    best = 0
-    for tp in opts["tp"]:
-        for cp in opts["cp"]:
-            if not in_node(tp * cp, node, chips):
-                continue
-            for pp in opts["pp"]:
-                for ep in opts["ep"]:
-                    mp = tp * cp * pp * ep
-                    if chips % mp == 0:
-                        best = max(best, mp)
-    return best
+    return max((tp * cp * pp * ep for tp, cp, pp, ep in _model_parallel_degrees(m, chip, job, chips, cons)),
+               default=0)
 
 
 def _has_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> bool:
