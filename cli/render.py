@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from costmodel.cost import Cost
+from costmodel.cost import NEAR_LIMIT, Cost
 from costmodel.plan import Plan
 
 GIB = 2**30
@@ -54,8 +54,10 @@ def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
     head.add_column("metric", style="bold")
     head.add_column("value", justify="right")
     fit = "yes" if cost.fits else f"NO (over by {cost.overflow_bytes / GIB:.1f} GiB)"
-    if cost.fits and cost.peak_memory_bytes > cost.hbm_usable_bytes:
-        fit = "yes (by the least memory XLA needs)"
+    notes = [*(["by the least memory XLA needs"] if cost.fits and cost.peak_memory_bytes > cost.hbm_usable_bytes
+               else []), *([f"within {NEAR_LIMIT:.0%} of the HBM: compile first"] if cost.near_limit else [])]
+    if notes:
+        fit = f"yes ({'; '.join(notes)})"
     for k, v in (("step time", f"{cost.step_time_s:.3f} s"), ("MFU", f"{cost.mfu * 100:.1f} %"),
                  ("HFU", f"{cost.hfu * 100:.1f} %"), ("tokens/s", f"{cost.tokens_per_s:,.0f}"),
                  ("TFLOP/s per chip", f"{cost.tflops_per_chip:.1f}"),

@@ -195,6 +195,26 @@ def test_fit_check_reads_the_floor_under_maxtext():
     assert mega.fit_memory_bytes == mega.peak_memory_bytes
 
 
+def test_near_limit_flags_plans_within_five_percent_of_the_hbm():
+    """The fit check's figure within 5 % of the usable HBM flags a fitting plan (Cost.near_limit): llama2-7b at
+    5 x 8192 tokens per chip on v6e-8, whose floor is 96.7 % of the HBM and which XLA refused; not at 1 x 8192,
+    and never for a plan that does not fit. estimate prints it in the fits row and --json carries it."""
+    from costmodel.catalog import load_model
+
+    v6e, m = load_hardware("tpu-v6e"), load_model("llama2-7b")
+    near = estimate(m, v6e, Job(8192, 40), Plan(fsdp=8, micro_batch=5, remat=REMAT_POLICIES["full"]))
+    assert near.fits and 0.95 < near.fit_memory_bytes / near.hbm_usable_bytes <= 1 and near.near_limit
+    roomy = estimate(m, v6e, Job(8192, 8), Plan(fsdp=8, remat=REMAT_POLICIES["full"]))
+    assert roomy.fits and roomy.fit_memory_bytes < 0.95 * roomy.hbm_usable_bytes and not roomy.near_limit
+    over = estimate(m, v6e, Job(8192, 48), Plan(fsdp=8, micro_batch=6, remat=REMAT_POLICIES["full"]))
+    assert not over.fits and not over.near_limit
+    args = ("estimate", "--model", "llama2-7b", "--hardware", "tpu-v6e", "--chips", "8", "--fsdp", "8",
+            "--global-batch", "40", "--micro-batch", "5", "--seq-len", "8192", "--remat", "full")
+    r = run_cli(*args)
+    assert r.returncode == 0 and "compile first" in r.stdout, r.stderr
+    assert json.loads(run_cli(*args, "--json").stdout)["near_limit"] is True
+
+
 def test_megatron_convention_and_zero1():
     m = ModelSpec("m", n_layers=4, d_model=256, n_heads=4, ffn_dim=1024, vocab_size=1000)
     job = Job(seq_len=128, global_batch=16, framework="megatron")
