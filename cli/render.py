@@ -54,8 +54,11 @@ def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
     head.add_column("metric", style="bold")
     head.add_column("value", justify="right")
     fit = "yes" if cost.fits else f"NO (over by {cost.overflow_bytes / GIB:.1f} GiB)"
-    notes = [*(["by the least memory XLA needs"] if cost.fits and cost.peak_memory_bytes > cost.hbm_usable_bytes
-               else []), *([f"within {NEAR_LIMIT:.0%} of the HBM: compile first"] if cost.near_limit else [])]
+    notes = []
+    if cost.fits and cost.peak_memory_bytes > cost.hbm_usable_bytes:
+        notes.append("by the least memory XLA needs")
+    if cost.near_limit:
+        notes.append(f"within {NEAR_LIMIT:.0%} of the HBM: compile first")
     if notes:
         fit = f"yes ({'; '.join(notes)})"
     for k, v in (("step time", f"{cost.step_time_s:.3f} s"), ("MFU", f"{cost.mfu * 100:.1f} %"),

@@ -186,18 +186,11 @@ def fit_floor_bytes(breakdown: dict[str, float], loop_tp: float = 0.0, head: flo
     prints). XLA's capacity check is not on that total but on its buffer assignment's peak
     (peak_memory_in_bytes), 4-26 % lower: the logits die before the backward layer loop starts, so the two
     phases never overlap, and the loop's copy of the checkpoint (or gradient) stack is not in the peak. Read off
-    MaxText 0.2.5's compiles (benchmarks/maxtext_memory_compare.py, "fit verdict"): this floor is at most 0.1 %
-    below XLA's peak on the 58 compiles without host offload (-0.1 to +25 %, mean +8.3 %, the pipelines and large
-    vocabularies highest; Gemma 3 12B, compiled later, was 5.1 % below it until the head term was counted, now
-    +0.8 %; Mixtral in pp 2 x ep 8 stages, compiled after that, +4.9 %); of the 62 configurations XLA accepted, 60
-    fit the floor against XLA's available HBM (six of them with totals over it, two published v6e recipes among
-    them; gpt3-175b's v6e recipe, compiled later, peaks at 97 % of the HBM, a program XLA squeezed under memory
-    pressure, 12.7 % under this floor), and ten of the eleven it refused do not (nine compiled to test this boundary
-    after the floor was set, four with the floor only 3-9 % over the HBM: no margin tells XLA's squeezes from its
-    refusals); the eleventh, llama2-7b at 5 x 8192 tokens per chip with full remat on v6e-8, has the floor at 96.7 %
-    of the HBM and 5.0 % under what XLA needs, the one wrong "fits" (its buffer assignment: the stack once, and
-    1.58 GiB more than the loop phase counted at 40,960 tokens per chip); 47 of 51 published TPU runs fit it (21 by the
-    total and a 5 % reserve)."""
+    MaxText 0.2.5's compiles (benchmarks/maxtext_memory_compare.py, "fit verdict"): at most 0.1 % below XLA's
+    peak on the 58 compiles without host offload (-0.1 to +25 %, mean +8.3 %); 60 of the 62 configurations XLA
+    accepted fit it, and 10 of the 11 it refused do not. The one wrong "fits" sits at 96.7 % of the HBM, hence
+    Cost.near_limit; the compiles at that boundary and the trace of that one: benchmarks/maxtext_memory/NOTES.md.
+    47 of 51 published TPU runs fit it (21 by the total and a 5 % reserve)."""
     b = breakdown
     state = b["weights"] + b["gradients"] + b["optimizer"]
     loop_phase = b["activation_working"] + b["collective_buffers"]
