@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from hardware.errors import InputError
+from hardware.errors import InputError, escape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Performance simulator and auto-parallel planner for LLM training.")
@@ -17,16 +17,26 @@ def _register() -> None:
     from cli import catalog_cmds, estimate_cmds, explore_cmds, goodput_cmds, plan_cmds, suggest_cmds, validate_cmds  # noqa: F401
 
 
+MAX_ERROR_CHARS = 400
+
+
+def one_line(message: str) -> str:
+    """An error message as one short line: non-printable characters escaped, cut at MAX_ERROR_CHARS."""
+    text = escape(message)
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+
+
 def main() -> None:
     _register()
     try:
         code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n in this mode
     except InputError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {one_line(str(e))}", err=True)
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        typer.echo("error: interrupted", err=True)
         sys.exit(130)
     except Exception as e:  # click usage errors and the like
         try:
@@ -37,7 +47,7 @@ def main() -> None:
         if isinstance(e, click.exceptions.NoArgsIsHelpError):
             sys.exit(0)
         if isinstance(e, click.ClickException):
-            typer.echo(f"error: {e.format_message()}", err=True)
+            typer.echo(f"error: {one_line(e.format_message())}", err=True)
             sys.exit(2)
         raise
     if isinstance(code, int) and code:

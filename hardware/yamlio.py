@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from hardware.errors import InputError, did_you_mean
+from hardware.errors import InputError, check_name, did_you_mean, excerpt, shown_path
+from hardware.fileio import read_text
 
 T = TypeVar("T")
-MAX_FILE_BYTES = 1_000_000  # user files larger than this are refused before parsing
 
 
 def file_stamp(path: str | Path) -> tuple[int, int] | None:
@@ -39,22 +39,86 @@ def cache_per_version(load: Callable[[str], T]) -> Callable[[str], T]:
     return wrapper
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Parse a small YAML mapping with yaml.safe_load (no code execution)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: file not found")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise InputError(f"{p}: file is larger than {MAX_FILE_BYTES} bytes")
+MAX_DEPTH = 32  # nesting of mappings and lists; no file the tool reads needs more than 4
+MAX_INT_DIGITS = 24  # integer literals; Python itself refuses to parse more than 4,300 digits
+
+
+class _Refused(Exception):
+    def __init__(self, what: str, mark: Any):
+        super().__init__(what)
+        self.what, self.mark = what, mark
+
+
+class StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader (no code execution) that also refuses what a shared file has no need of: aliases (a
+    0.5 KB file of nested aliases expands to gigabytes), duplicate keys (YAML would keep the last silently),
+    nesting deeper than MAX_DEPTH (Python's recursion limit) and integers longer than MAX_INT_DIGITS."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _Refused("YAML aliases (*name) are not accepted; write the value out", self.peek_event().start_mark)
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise _Refused(f"duplicate key {excerpt(key_node.value)}", key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        if len(node.value) > MAX_INT_DIGITS:
+            raise _Refused(f"integer of {len(node.value):,} characters (at most {MAX_INT_DIGITS})", node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+StrictLoader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: loader.construct_mapping(node))
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse YAML (or JSON, which YAML reads) with StrictLoader; errors name `where` and the line."""
     try:
-        data = yaml.safe_load(p.read_text())
+        loader = StrictLoader(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except _Refused as e:
+        line = f" at line {e.mark.line + 1}" if e.mark else ""
+        raise InputError(f"{where}: {e.what}{line}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise InputError(f"{p}: not valid YAML{where}") from None
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(f"{where}: not valid YAML{at}") from None
+    except RecursionError:
+        raise InputError(f"{where}: nested too deeply") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A small YAML (or JSON) mapping from a user's file: read_text's checks, then parse_yaml."""
+    p = Path(path)
+    data = parse_yaml(read_text(p), shown_path(p))
     if not isinstance(data, dict):
-        raise InputError(f"{p}: expected a mapping of field: value at the top level")
+        raise InputError(f"{shown_path(p)}: expected a mapping of field: value at the top level")
     return data
+
+
+def _check_text(value: str, where: str) -> str:
+    """Text fields other than names (descriptions, sources) may be long but carry no control characters."""
+    if not value.replace("\n", " ").isprintable():
+        raise InputError(f"{where}: expected printable text (no control characters), got {excerpt(value)}")
+    return value
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
@@ -65,28 +129,28 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             try:
                 value = float(value)
             except ValueError:
-                raise InputError(f"{where}: expected a number, got {value!r}") from None
+                raise InputError(f"{where}: expected a number, got {excerpt(value)}") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(f"{where}: expected a number, got {value!r}")
+            raise InputError(f"{where}: expected a number, got {excerpt(value)}")
         return float(value)
     if typ is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
-            raise InputError(f"{where}: expected an integer, got {value!r}")
+            raise InputError(f"{where}: expected an integer, got {excerpt(value)}")
         return value
     if typ is bool:
         if not isinstance(value, bool):
-            raise InputError(f"{where}: expected true or false, got {value!r}")
+            raise InputError(f"{where}: expected true or false, got {excerpt(value)}")
         return value
     if typ is str:
         if not isinstance(value, str):
-            raise InputError(f"{where}: expected a string, got {value!r}")
-        return value
+            raise InputError(f"{where}: expected a string, got {excerpt(value)}")
+        return check_name(value, where) if where.endswith(".name") else _check_text(value, where)
     if origin is tuple:
         (inner, *_rest) = typing.get_args(typ)
         if not isinstance(value, list | tuple):
-            raise InputError(f"{where}: expected a list, got {value!r}")
+            raise InputError(f"{where}: expected a list, got {excerpt(value)}")
         return tuple(_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(typ) if a is not type(None)]
@@ -101,7 +165,7 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
 def build(cls: type, data: Any, where: str) -> Any:
     """Construct dataclass `cls` from a mapping, naming any missing, unknown or mistyped field."""
     if not isinstance(data, dict):
-        raise InputError(f"{where}: expected a mapping, got {data!r}")
+        raise InputError(f"{where}: expected a mapping, got {excerpt(data)}")
     hints = typing.get_type_hints(cls)
     flds = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:

@@ -25,7 +25,8 @@ from costmodel.plan import REMAT_POLICIES, Plan, Remat, pipeline_split
 from hardware.catalog import load_hardware
 from hardware.chip import Chip
 from hardware.errors import InputError, did_you_mean
-from hardware.yamlio import MAX_FILE_BYTES, read_yaml
+from hardware.fileio import MAX_FILE_BYTES
+from hardware.yamlio import read_yaml
 from planner.export_maxtext import AXIS_KEYS, MAXTEXT_POLICIES, TOPOLOGY
 from planner.planfile import PlanFile, same_shape
 

@@ -21,7 +21,8 @@ from costmodel.model import ModelSpec
 from hardware.catalog import PROFILE_DIR, load_hardware
 from hardware.chip import Chip, Efficiency, Level
 from hardware.errors import InputError
-from hardware.yamlio import MAX_FILE_BYTES, read_yaml
+from hardware.fileio import MAX_FILE_BYTES
+from hardware.yamlio import read_yaml
 
 
 def planner(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
@@ -180,7 +181,7 @@ def test_oversized_file_is_refused_before_parsing(tmp_path, capsys, monkeypatch)
     big = tmp_path / "big.yaml"
     big.write_text("name: x\n" + "# padding\n" * (MAX_FILE_BYTES // 10 + 10))
     assert big.stat().st_size > MAX_FILE_BYTES
-    with pytest.raises(InputError, match=f"big.yaml.*larger than {MAX_FILE_BYTES}"):
+    with pytest.raises(InputError, match=f"big.yaml.*larger than {MAX_FILE_BYTES:,}"):
         read_yaml(big)
     for args in (("hardware", "show", str(big)), ("models", "show", str(big))):
         code, _, err = planner(capsys, monkeypatch, *args)
