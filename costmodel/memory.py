@@ -434,6 +434,13 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         "logits": logits_counted,
         "collective_buffers": coll,
     }
+    total = sum(breakdown.values())
+    # XLA's memory_analysis() total (argument + output - alias + temp) holds every buffer its peak holds, so the
+    # total is never below the fit floor; the sum of terms can be when the loss phase's gathered output table
+    # (head_table_bytes, counted by the floor only) outweighs the layer loop's working set (a huge vocabulary
+    # over a tiny width).
+    fit = fit_floor_bytes(breakdown, loop_tp, head_extra if logits_counted else 0.0) if schedules_to_hbm(job) \
+        else total
     host = offl * layers_stage * inflight
     if plan.offload_optimizer:
         host += opt_params * o_b
@@ -445,7 +452,5 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
         param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
         layer_weight_elems=layer_w, layer_expert_elems=layer_experts, loop_grad_bytes=layer_grads,
         non_expert_param_elems=params - experts / expert_shards,
-        offload_bytes_per_layer=offl, peak_bytes=sum(breakdown.values()),
-        fit_bytes=(fit_floor_bytes(breakdown, loop_tp, head_extra if logits_counted else 0.0) if schedules_to_hbm(job)
-                   else sum(breakdown.values())),
+        offload_bytes_per_layer=offl, peak_bytes=max(total, fit), fit_bytes=fit,
         host_bytes=host, breakdown=breakdown)

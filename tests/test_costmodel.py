@@ -147,6 +147,20 @@ def test_fit_floor_by_hand():
     assert fit_floor_bytes(b, head=3.0) == 34 + 5 + 4 + 3  # the gathered output table joins the loss phase
 
 
+def test_total_never_below_fit_floor_with_a_table_larger_than_the_layers():
+    """A 10M-token vocabulary over d_model 2 (fsdp 2): the loss phase's gathered output table and its gradient
+    (bf16, 20M elements each) outweigh the layer loop's working set, so the floor's loss phase is above the
+    sum of terms; the total (XLA's memory_analysis holds every buffer its peak holds) is the floor there."""
+    m = ModelSpec("wide-vocab", n_layers=1, d_model=2, n_heads=1, ffn_dim=4, vocab_size=10_000_000)
+    job = Job(seq_len=8, global_batch=2)
+    plan = Plan(fsdp=2, remat=REMAT_POLICIES["none"], sequence_parallel=False)
+    mem = memory_terms(m, load_hardware("a100-40gb"), job, plan, accum=1)
+    assert mem.fit_bytes > sum(mem.breakdown.values())  # the case the invariant had failed on
+    assert mem.peak_bytes == mem.fit_bytes
+    c = estimate(m, load_hardware("a100-40gb"), job, plan, 2)
+    assert c.fit_memory_bytes <= c.peak_memory_bytes
+
+
 def test_gathered_output_table_by_hand():
     """The loss phase under FSDP: the gathered bf16 table (V x d) and its bf16 gradient, which replaces the logits
     once they die, so only its excess over them counts."""
