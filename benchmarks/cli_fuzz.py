@@ -7,7 +7,9 @@ random, and for estimate/explain random degree factorizations of the chip count,
 Megatron-LM or JSON config (the nearest plan that framework runs). Each call runs in-process through the CLI's own
 entry point (cli.main.main), so a traceback is an exception that escaped it. Prints exit codes by command, every
 call that raised or exited with a code other than 0 (a plan), 1 (nothing fits) or 2 (bad input, one `error:` line
-on stderr), suggest's wall time percentiles (start-up excluded) and its slowest calls. --write saves
+on stderr), suggest's wall time percentiles (start-up excluded) and its slowest calls. Then the hostile path and
+count classes of benchmarks/hostile.py (outputs to folders, missing folders, /proc, /sys, devices; counts far past
+any job), each call in its own process under a time and memory limit (--no-hostile skips them). --write saves
 benchmarks/cli_fuzz_report.txt.
 """
 
@@ -130,6 +132,7 @@ def main() -> None:
     ap.add_argument("--suggest", type=int, default=150)
     ap.add_argument("--plans", type=int, default=300)
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--no-hostile", action="store_true", help="skip the hostile path and count classes")
     a = ap.parse_args()
     cli_main._register()
     rnd = random.Random(a.seed)
@@ -167,6 +170,10 @@ def main() -> None:
                      f"p90 {pct[1]:.2f}, p99 {pct[2]:.2f}, max {times[-1][0]:.2f}")
         lines.append("slowest:")
         lines += [f"  {t:6.2f} s  {args}" for t, args in times[-5:][::-1]]
+    if not a.no_hostile:
+        import hostile
+
+        lines += hostile.report_lines(*hostile.run_cases(hostile.path_cases() + hostile.count_cases()))
     emit(lines, "cli_fuzz_report.txt", a.write)
 
 

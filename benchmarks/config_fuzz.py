@@ -6,7 +6,9 @@ exported by the planner, a runs CSV) and mutates one thing each call: a key or f
 wrong type, 0, -1, a huge number or NaN, a flag inserted, CSV cells; or a file that is not YAML at all. Each mutated
 file is read by `planner estimate` (--model, --hardware, --plan, --from-maxtext, --from-megatron) or `planner bench
 published --file` in-process, as cli_fuzz.py runs its calls. Prints exit codes by file kind and every call that
-raised, exited otherwise or broke the one-line error rule. --write saves benchmarks/config_fuzz_report.txt.
+raised, exited otherwise or broke the one-line error rule. Then the hostile file classes of benchmarks/hostile.py
+(names, aliases, encodings, nesting, huge numbers, oversized tables), each call in its own process under a time
+and memory limit (--no-hostile skips them). --write saves benchmarks/config_fuzz_report.txt.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import hostile  # noqa: E402
 from cli_fuzz import call, emit, exit_code_lines, problem  # noqa: E402
 
 BAD = [None, -1, 0, 0, 1.5, "x", [], {}, True, 10**30, float("nan"), "-1", 3]
@@ -138,6 +141,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--calls", type=int, default=1200)
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--no-hostile", action="store_true", help="skip the hostile file classes (benchmarks/hostile.py)")
     a = ap.parse_args()
     from cli import main as cli_main
 
@@ -158,6 +162,8 @@ def main() -> None:
     lines += exit_code_lines(codes)
     lines.append(f"calls that raised, exited otherwise or broke the one-line error rule: {len(problems)}")
     lines += problems
+    if not a.no_hostile:
+        lines += hostile.report_lines(*hostile.run_cases(hostile.name_cases() + hostile.file_cases()))
     emit(lines, "config_fuzz_report.txt", a.write)
 
 
