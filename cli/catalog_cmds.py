@@ -1,4 +1,7 @@
-"""`planner hardware list|show` and `planner models list|show` (filled in by the catalog work)."""
+"""`planner hardware list|show` and `planner models list|show` (filled in by the catalog work).
+
+Every name, description, source and level name printed through rich goes through cli.render.shown (control
+characters and rich markup escaped; issue 31); JSON output is json.dumps's own escaping."""
 
 from __future__ import annotations
 
@@ -6,10 +9,10 @@ import json
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from cli.main import app
+from cli.render import shown
 from hardware.catalog import load_hardware, preset_names
 from hardware.chip import Chip
 from hardware.yamlio import to_dict
@@ -33,7 +36,7 @@ def _levels_summary(chip: Chip) -> str:
     for lv in chip.levels:
         size = f" {lv.domain_chips}" if lv.domain_chips else ""
         unit = "GB/s/link" if lv.kind == "torus" else "GB/s"
-        parts.append(f"{lv.name} {lv.kind}{size} @ {lv.bw_per_dir_Bps / 1e9:g} {unit}")
+        parts.append(f"{shown(lv.name)} {shown(lv.kind)}{size} @ {lv.bw_per_dir_Bps / 1e9:g} {unit}")
     return "; ".join(parts)
 
 
@@ -66,8 +69,8 @@ def hardware_list(
     table.add_column("levels (innermost first)")
     for c in chips:
         table.add_row(
-            c.name,
-            c.vendor,
+            shown(c.name),
+            shown(c.vendor),
             f"{c.peak_bf16_flops / _TB:,.4g}",
             f"{c.hbm_bytes / _GIB:,.1f}",
             f"{c.hbm_bw_Bps / _TB:.3g}",
@@ -108,11 +111,11 @@ def hardware_show(
     if as_json:
         typer.echo(json.dumps(to_dict(chip), indent=2))
         return
-    table = Table(title=escape(f"{chip.name}: {chip.description}"), show_header=False)
+    table = Table(title=shown(f"{chip.name}: {chip.description}"), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     rows = [
-        ("vendor", chip.vendor),
+        ("vendor", shown(chip.vendor)),
         ("peak_bf16_flops", _si(chip.peak_bf16_flops, "FLOP/s")),
         ("peak_fp8_flops", _peak(chip.peak_fp8_flops)),
         ("peak_int8_flops", _peak(chip.peak_int8_flops)),
@@ -128,18 +131,18 @@ def hardware_show(
     for i, lv in enumerate(chip.levels):
         per = "per link" if lv.kind == "torus" else "per chip"
         domain = f"{lv.domain_chips:,} chips" if lv.domain_chips else "unbounded"
-        torus = f", {lv.torus_dims}D torus, wrap {lv.wrap_rule}" if lv.kind == "torus" else ""
+        torus = f", {lv.torus_dims}D torus, wrap {shown(lv.wrap_rule)}" if lv.kind == "torus" else ""
         rows.append(
             (
-                f"levels[{i}] {lv.name}",
-                f"{lv.kind}, domain {domain}, {_si(lv.bw_per_dir_Bps, 'B/s')} {per} one direction, "
+                f"levels[{i}] {shown(lv.name)}",
+                f"{shown(lv.kind)}, domain {domain}, {_si(lv.bw_per_dir_Bps, 'B/s')} {per} one direction, "
                 f"latency {_seconds(lv.latency_s)}{torus}",
             )
         )
     eff = ", ".join(f"{k} {v:g}" for k, v in to_dict(chip.eff).items())
     rows.append(("eff (fitted by calibration)", eff))
     for i, src in enumerate(chip.sources):
-        rows.append(("sources" if i == 0 else "", src))
+        rows.append(("sources" if i == 0 else "", shown(src)))
     for field_name, value in rows:
         table.add_row(field_name, value)
     Console().print(table)
@@ -218,7 +221,7 @@ def models_list(
         table.add_column(col, justify="right", no_wrap=True)
     for m in models:
         table.add_row(
-            m.name,
+            shown(m.name),
             str(m.n_layers),
             str(m.d_model),
             f"{m.n_heads}/{m.n_kv_heads}",
@@ -246,15 +249,15 @@ def models_show(
     shorthand = model_catalog.is_shorthand(name_or_path)
     if shorthand:
         typer.echo(f"{name_or_path.strip()} -> {model_catalog.describe_shorthand(name_or_path)}")
-    table = Table(title=escape(m.name if shorthand else f"{m.name}: {m.description}"), show_header=False)
+    table = Table(title=shown(m.name if shorthand else f"{m.name}: {m.description}"), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     fields = to_dict(m)
     for key in ("name", "description", "source"):
         fields.pop(key)
     for key, value in fields.items():
-        table.add_row(key, str(value).lower() if isinstance(value, bool) else escape(str(value)))
+        table.add_row(key, str(value).lower() if isinstance(value, bool) else shown(str(value)))
     for key, value in _model_counts(m).items():
         table.add_row(key, f"{value:,} ({model_catalog.format_params(value)})" if value else "0")
-    table.add_row("source", escape(m.source))
+    table.add_row("source", shown(m.source))
     _console().print(table)

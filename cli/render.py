@@ -1,4 +1,7 @@
-"""Rendering a Cost as rich tables or JSON. No logic beyond formatting."""
+"""Rendering a Cost as rich tables or JSON. No logic beyond formatting.
+
+Text read from files (names, descriptions, sources, level names) goes through `shown` before rich sees it: rich
+reads `[...]` in a table cell or title as markup and passes ESC through to the terminal (issue 31)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,16 @@ from rich.table import Table
 
 from costmodel.cost import NEAR_LIMIT, Cost
 from costmodel.plan import Plan
+from hardware.errors import escape as escape_controls
 
 GIB = 2**30
+
+
+def shown(text: str) -> str:
+    """`text` from a file for a rich table or markup string: line breaks, ESC and other control characters
+    written as escapes (hardware.errors.escape) and markup such as [red] or [link=...] escaped
+    (rich.markup.escape), so it prints as written and changes nothing on the terminal."""
+    return escape(escape_controls(text))
 
 
 def plan_summary(plan: Plan) -> str:
@@ -50,7 +61,7 @@ def stage_layers_text(split: tuple[int, ...]) -> str:
 
 def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
     console = console or Console()
-    head = Table(title=escape(title), show_header=False)
+    head = Table(title=shown(title), show_header=False)
     head.add_column("metric", style="bold")
     head.add_column("value", justify="right")
     fit = "yes" if cost.fits else f"NO (over by {cost.overflow_bytes / GIB:.1f} GiB)"

@@ -29,6 +29,10 @@ becomes the fsdp axis, ZeRO-2 becomes ZeRO-1), ZeRO-1 together with an fsdp axis
 shard_optimizer_over_data with fsdp > 1: zero becomes 0), tensor parallelism without sequence-sharded activations
 (MaxText always shards the residual stream over `tensor`), a pipeline whose micro-batch count is not a multiple
 of the stage count (the micro-batch size is lowered until it is).
+
+Names are data, never code (issue 31): every value is written by PyYAML's emitter (`_value`), every comment line
+through export_megatron.comment (line breaks, including YAML 1.1's U+0085 and U+2028, and control characters
+escaped), so whatever a model or hardware name holds, the file parses to exactly the planner's keys.
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import yaml
+
 from costmodel.estimate import dcn_split
 from costmodel.plan import AXES, AXIS_ORDER_INNER_TO_OUTER, REMAT_POLICIES
 from hardware.errors import InputError
 from planner.adapt import Adapted, named_policy
-from planner.planfile import PlanFile, model_ref_for
+from planner.export_megatron import comment, planner_hint
+from planner.planfile import PlanFile
 
 MAXTEXT_VERSION = "0.2.5"
 # Our axis -> MaxText mesh-axis key stem (ici_<stem>_parallelism / dcn_<stem>_parallelism).
@@ -260,13 +267,15 @@ def maxtext_config(pf: PlanFile) -> tuple[dict[str, Any], Adapted]:
 
 
 def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
+    """One value as YAML flow text written by PyYAML's emitter, never by hand: strings double-quoted with quotes,
+    backslashes, line breaks and control characters escaped by it; numbers and booleans as YAML 1.1 reads them
+    back (1e-05 is written 1.0e-05, which PyYAML reads as a float where the bare repr reads as a string)."""
     if isinstance(v, list):
         return "[" + ", ".join(_value(x) for x in v) + "]"
-    return '"' + str(v).replace('"', '\\"') + '"'
+    text = yaml.safe_dump(v, default_style='"' if isinstance(v, str) else None, width=math.inf)
+    text = text.removesuffix("\n...\n").removesuffix("\n")
+    assert "\n" not in text, text
+    return text
 
 
 SECTIONS = (("model", ("decoder_block", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "head_dim",
@@ -291,21 +300,21 @@ def compile_topology(pf: PlanFile, slices: int) -> str:
 
 
 def maxtext_text(pf: PlanFile) -> tuple[str, Adapted]:
+    """The YAML file: escaped comments, base_config, then the keys by section, each value through `_value`."""
     keys, ad = maxtext_config(pf)
-    model_hint = model_ref_for(pf.model) or pf.model.name
     aot = compile_topology(pf, keys["num_slices"])
-    lines = [
-        f"# MaxText config written by planner for {pf.model.name} on {pf.chips} x {pf.hardware.name}.",
-        f"# Keys valid for maxtext=={MAXTEXT_VERSION} on PyPI (src/maxtext/configs/base.yml); base_config makes",
-        "# MaxText read its packaged base.yml first, so this file can be given as the config:",
-        "#   python -m maxtext.trainers.pre_train.train THIS_FILE run_name=... base_output_directory=... \\",
-        "#       dataset_type=synthetic (or your dataset and tokenizer keys)",
-        "# or pass its keys as key=value overrides after maxtext/configs/base.yml.",
+    notes = [
+        f"MaxText config written by planner for {pf.model.name} on {pf.chips} x {pf.hardware.name}.",
+        f"Keys valid for maxtext=={MAXTEXT_VERSION} on PyPI (src/maxtext/configs/base.yml); base_config makes",
+        "MaxText read its packaged base.yml first, so this file can be given as the config:",
+        "  python -m maxtext.trainers.pre_train.train THIS_FILE run_name=... base_output_directory=... \\",
+        "      dataset_type=synthetic (or your dataset and tokenizer keys)",
+        "or pass its keys as key=value overrides after maxtext/configs/base.yml.",
+        *([f"Compile ahead of time: python -m maxtext.trainers.pre_train.train_compile THIS_FILE {aot}"]
+          if aot else []),
+        planner_hint(pf),
     ]
-    if aot:
-        lines.append(f"# Compile ahead of time: python -m maxtext.trainers.pre_train.train_compile THIS_FILE {aot}")
-    lines.append(f"# planner: model={model_hint} hardware={pf.hardware_ref or pf.hardware.name} chips={pf.chips}")
-    lines.append('base_config: "base.yml"')
+    lines = [*map(comment, notes), f"base_config: {_value('base.yml')}"]
     written: set[str] = set()
     for title, names in SECTIONS:
         if names is None:
@@ -316,7 +325,7 @@ def maxtext_text(pf: PlanFile) -> tuple[str, Adapted]:
         present = [n for n in names if n in keys and n not in written]
         if not present:
             continue
-        lines.append(f"# {title}")
+        lines.append(comment(title))
         for n in present:
             lines.append(f"{n}: {_value(keys[n])}")
             written.add(n)

@@ -31,6 +31,11 @@ Not expressible (exported as the nearest plan, with a warning and both predicted
 (-> data parallel with the distributed optimizer, ZeRO-1), remat choices other than none/selective/full (-> the
 policy keeping the most similar set of tensors in HBM), activation offload, parameter offload, optimizer offload
 without the distributed optimizer, int8 matmuls (-> bf16).
+
+Names are data, never code (issue 31): every argument is written through shlex.quote, and every comment line
+through hardware.errors.escape, which writes line breaks (\\n, \\r, U+0085, U+2028) and control characters as
+escapes, so no name or path can end its comment and start a command. Inside a comment that cannot end, shell
+syntax is inert: a name like x$(touch pwned) or `id` is text bash never expands.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import replace
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import REMAT_POLICIES, Plan, pipeline_split
-from hardware.errors import InputError
+from hardware.errors import InputError, escape
 from planner.adapt import Adapted, named_policy, nearest_policy
 from planner.candidates import Constraints
 from planner.planfile import PlanFile, model_ref_for
@@ -109,7 +114,8 @@ def megatron_plan(pf: PlanFile) -> Adapted:
                      "weights and moments (the megatron state convention); framework -> megatron")
         job = replace(job, framework="megatron")
     if pf.hardware.vendor != "gpu":
-        notes.append(f"hardware: Megatron-LM runs on NVIDIA GPUs; {pf.hardware.name} is a {pf.hardware.vendor}")
+        notes.append(f"hardware: Megatron-LM runs on NVIDIA GPUs; {escape(pf.hardware.name)} is a "
+                     f"{escape(pf.hardware.vendor)}")
     return Adapted(plan, job, tuple(notes))
 
 
@@ -221,25 +227,39 @@ def _lines(args: list[str]) -> list[str]:
     return out
 
 
+def planner_hint(pf: PlanFile) -> str:
+    """The body of the `# planner: model=... hardware=... chips=...` comment that import_configs reads back by
+    splitting on whitespace. A value holding whitespace or a non-printable character would forge or break a key
+    there, so it is left out (the import then asks for --model / --hardware). A preset's name is printable, so a
+    name that is not is never looked up (load_model would read it as a path)."""
+    model = (model_ref_for(pf.model) if pf.model.name.isprintable() else "") or pf.model.name
+    pairs = (("model", model), ("hardware", pf.hardware_ref or pf.hardware.name), ("chips", str(pf.chips)))
+    return "planner: " + " ".join(f"{k}={v}" for k, v in pairs if v and v.isprintable() and " " not in v)
+
+
+def comment(text: str) -> str:
+    """One `#` comment line of a bash or YAML file: `text` with line breaks and control characters escaped."""
+    return "# " + escape(text)
+
+
 def megatron_text(pf: PlanFile) -> tuple[str, Adapted]:
+    """The bash file: comments (escaped, see the module doc), then MEGATRON_ARGS=( shlex-quoted arguments )."""
     args, ad = megatron_args(pf)
     per_node = pf.hardware.chips_per_host if pf.hardware.vendor == "gpu" else 8
     nodes = max(1, pf.chips // per_node) if pf.chips >= per_node else 1
     nproc = per_node if pf.chips >= per_node else pf.chips
-    model_hint = model_ref_for(pf.model) or pf.model.name
-    head = [
-        "#!/usr/bin/env bash",
-        f"# Megatron-LM arguments for pretrain_gpt.py, written by planner for {pf.model.name} on "
+    notes = [
+        f"Megatron-LM arguments for pretrain_gpt.py, written by planner for {pf.model.name} on "
         f"{pf.chips} x {pf.hardware.name}.",
-        "# Source this file, then on every node add data, tokenizer and optimizer arguments, e.g.:",
-        f"#   torchrun --nproc-per-node {nproc} --nnodes {nodes} --node-rank $NODE_RANK --master-addr $MASTER_ADDR \\",
-        '#       pretrain_gpt.py "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...',
-        "# --vocab-size is used by --tokenizer-type NullTokenizer; other tokenizers set the vocabulary themselves",
-        "# (Megatron pads it to a multiple of --make-vocab-size-divisible-by * TP).",
-        f"# planner: model={model_hint} hardware={pf.hardware_ref or pf.hardware.name} chips={pf.chips}",
-        "MEGATRON_ARGS=(",
+        "Source this file, then on every node add data, tokenizer and optimizer arguments, e.g.:",
+        f"  torchrun --nproc-per-node {nproc} --nnodes {nodes} --node-rank $NODE_RANK --master-addr $MASTER_ADDR \\",
+        '      pretrain_gpt.py "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...',
+        "--vocab-size is used by --tokenizer-type NullTokenizer; other tokenizers set the vocabulary themselves",
+        "(Megatron pads it to a multiple of --make-vocab-size-divisible-by * TP).",
+        planner_hint(pf),
     ]
-    return "\n".join(head + ["  " + ln for ln in _lines(args)] + [")"]) + "\n", ad
+    lines = ["#!/usr/bin/env bash", *map(comment, notes), "MEGATRON_ARGS=(", *("  " + ln for ln in _lines(args)), ")"]
+    return "\n".join(lines) + "\n", ad
 
 
 assert all(n in REMAT_POLICIES for n in MEGATRON_POLICIES)
