@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -21,6 +19,7 @@ from costmodel.goodput import (
     DEFAULT_RESTART_S,
     Goodput,
     Reliability,
+    check_spares,
     goodput,
     parse_count,
 )
@@ -48,19 +47,19 @@ INTERVAL = typer.Option(None, "--checkpoint-min", help="Checkpoint interval in m
 def make_reliability(mtbf_hours: float | None, spares: int, restart_min: float, replace_min: float,
                      repair_hours: float, ckpt_write_gbps: float, ckpt_read_gbps: float, ckpt_storage_gbps: float,
                      checkpoint_min: float | None) -> Reliability:
-    if mtbf_hours is not None and not (mtbf_hours > 0 and math.isfinite(mtbf_hours)):
-        raise InputError(f"--mtbf-hours: expected a positive number, got {mtbf_hours}")
+    """Reliability from the flags, each checked before any work: floats finite and within cli.options.number's
+    bounds (restart and replacement minutes may be 0), spares 0..planner.candidates.MAX_CHIPS."""
+    from planner.candidates import MAX_CHIPS
+
+    for flag, v in (("--mtbf-hours", mtbf_hours), ("--repair-hours", repair_hours),
+                    ("--ckpt-write-gbps", ckpt_write_gbps), ("--ckpt-read-gbps", ckpt_read_gbps),
+                    ("--ckpt-storage-gbps", ckpt_storage_gbps), ("--checkpoint-min", checkpoint_min)):
+        o.number(flag, v)
+    o.number("--restart-min", restart_min, zero_ok=True)
+    o.number("--replace-min", replace_min, zero_ok=True)
     if spares is None or spares < 0:
         raise InputError(f"--spares: expected a non-negative integer, got {spares}")
-    for flag, v in (("--restart-min", restart_min), ("--replace-min", replace_min)):
-        if not (v >= 0 and math.isfinite(v)):
-            raise InputError(f"{flag}: expected a non-negative number, got {v}")
-    for flag, v in (("--repair-hours", repair_hours), ("--ckpt-write-gbps", ckpt_write_gbps),
-                    ("--ckpt-read-gbps", ckpt_read_gbps), ("--ckpt-storage-gbps", ckpt_storage_gbps)):
-        if not (v > 0 and math.isfinite(v)):
-            raise InputError(f"{flag}: expected a positive number, got {v}")
-    if checkpoint_min is not None and not (checkpoint_min > 0 and math.isfinite(checkpoint_min)):
-        raise InputError(f"--checkpoint-min: expected a positive number, got {checkpoint_min}")
+    o.at_most("--spares", spares, MAX_CHIPS)
     return Reliability(mtbf_h=mtbf_hours, restart_s=restart_min * 60, replace_s=replace_min * 60,
                        repair_h=repair_hours, ckpt_write_Bps=ckpt_write_gbps * 1e9, ckpt_read_Bps=ckpt_read_gbps * 1e9,
                        ckpt_aggregate_Bps=ckpt_storage_gbps * 1e9, spares=spares,
@@ -117,8 +116,13 @@ def print_goodput(g: Goodput, title: str, console: Console | None = None) -> Non
     (console or Console()).print(t)
 
 
+PLAN_FILE_GIVES = ("model", "hardware", "chips", "seq_len", "global_batch", "dp", "fsdp", "tp", "cp", "pp", "ep",
+                   "vpp", "micro_batch", "zero", "remat", "offload", "slices", "no_sp", "precision", "framework")
+
+
 @app.command("goodput")
 def goodput_cmd(
+    ctx: typer.Context,
     model: str = typer.Option(None, "--model", "-m", help="Preset name, model YAML path, or a size such as 1T."),
     hardware: str = o.HARDWARE,
     chips: int = typer.Option(None, "--chips", "-n", help="Number of chips."),
@@ -145,42 +149,18 @@ def goodput_cmd(
     rel = make_reliability(mtbf_hours, spares, restart_min, replace_min, repair_hours, ckpt_write_gbps,
                            ckpt_read_gbps, ckpt_storage_gbps, checkpoint_min)
     tokens = parse_count(train_tokens) if train_tokens is not None else None
-    if price is not None and not price > 0:
-        raise InputError(f"--price-per-chip-hour: expected a positive number, got {price}")
-    source = "plan flags"
+    o.number("--price-per-chip-hour", price)
     if plan_file:
         from planner.planfile import load_plan
 
+        o.exclusive(ctx, "--plan", PLAN_FILE_GIVES, "the plan file gives the model, hardware, chips, job and plan")
         pf = load_plan(plan_file)
-        m, chip, job, plan, n = pf.model, pf.hardware, pf.job, pf.plan, pf.chips
-        source = plan_file
+        m, chip, job, plan, n, source = pf.model, pf.hardware, pf.job, pf.plan, pf.chips, plan_file
+        check_spares(spares, n)
     else:
-        if model is None:
-            raise InputError("give --model (with --chips) or --plan FILE")
-        if chips is None:
-            raise InputError("--chips: required with --model")
-        o.positive("--chips", chips)
-        m, chip = o.resolve(model, hardware)
-        plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, vpp, micro_batch, zero, remat, offload, slices, not no_sp)
-        if global_batch is None:
-            from planner.candidates import Constraints, default_batch_for, default_global_batch
-
-            o.make_job(seq_len, 1, precision, framework)  # check the job fields first
-            if plan.chips == 1 and chips > 1:  # the planner's plan: the default batch suggest would use
-                global_batch, _ = default_batch_for(m, chip, chips, seq_len, precision, framework or "maxtext",
-                                                    Constraints())
-            else:
-                global_batch = default_global_batch(chips, seq_len)
-        job = o.make_job(seq_len, global_batch, precision, framework)
-        n = chips
-        if plan.chips == 1 and chips > 1:
-            from planner.solve import search
-
-            s = search(m, chip, job, chips, top=1)
-            if not s.plans:
-                raise InputError(f"no plan fits {m.name} on {chips} x {chip.name}"
-                                 + (f": {s.infeasible.reason}" if s.infeasible else ""))
-            plan, source = s.plans[0].plan, "planner search (fastest step)"
+        m, chip, job, plan, n, source = _flags_plan(model, hardware, chips, seq_len, global_batch, spares, precision,
+                                                    framework, o.make_plan(dp, fsdp, tp, cp, pp, ep, vpp, micro_batch,
+                                                                           zero, remat, offload, slices, not no_sp))
     cost = estimate_cost(m, chip, job, plan, n)
     if not cost.fits:
         typer.echo(f"warning: the plan does not fit in memory (over by {cost.overflow_bytes / GIB:.1f} GiB per chip)",
@@ -195,6 +175,39 @@ def goodput_cmd(
                      f"MFU {cost.mfu * 100:.1f}%, batch {job.global_batch} x {job.seq_len}")
 
 
+def _flags_plan(model: str | None, hardware: str, chips: int | None, seq_len: int, global_batch: int | None,
+               spares: int, precision: str, framework: str, plan):
+    """(model, chip, job, plan, chips, source) from the flags; with no degree flags (a one-chip plan on more chips)
+    the planner's fastest plan, and a valid job that no plan fits exits 1 (cli.options.nothing_fits)."""
+    if model is None:
+        raise InputError("give --model (with --chips) or --plan FILE")
+    if chips is None:
+        raise InputError("--chips: required with --model")
+    o.chips_count(chips)
+    check_spares(spares, chips)
+    m, chip = o.resolve(model, hardware)
+    if global_batch is None:
+        from planner.candidates import Constraints, check_chips, default_batch_for, default_global_batch
+
+        o.make_job(seq_len, 1, precision, framework)  # check the job fields first
+        if plan.chips == 1 and chips > 1:  # the planner's plan: the default batch suggest would use
+            check_chips(chip, chips)
+            global_batch, _ = default_batch_for(m, chip, chips, seq_len, precision, framework or "maxtext",
+                                                Constraints())
+        else:
+            global_batch = default_global_batch(chips, seq_len)
+    job = o.make_job(seq_len, global_batch, precision, framework)
+    if plan.chips > 1 or chips == 1:
+        return m, chip, job, plan, chips, "plan flags"
+    from planner.solve import search
+
+    s = search(m, chip, job, chips, top=1)
+    if not s.plans:
+        reason = s.infeasible.reason if s.infeasible else "no plan fits"
+        raise o.nothing_fits(f"{m.name} on {chips} x {chip.name}: {reason}")
+    return m, chip, job, s.plans[0].plan, chips, "planner search (fastest step)"
+
+
 @app.command("replan")
 def replan_cmd(
     plan_file: str = typer.Option(..., "--plan", "-p", help="The running job's plan file."),
@@ -206,19 +219,20 @@ def replan_cmd(
 ) -> None:
     """The best plan at a new chip count, keeping the global batch if possible, and the cost of moving the
     parameters and optimizer state to it (resharding in memory vs restarting from a checkpoint)."""
+    from hardware.fileio import check_output_path
     from planner.planfile import load_plan
-    from planner.replan import replan
+    from planner.replan import NoPlanFits, replan
 
-    o.positive("--chips", chips)
+    o.chips_count(chips)
     rel = make_reliability(mtbf_hours, 0, restart_min, DEFAULT_REPLACE_S / 60, DEFAULT_REPAIR_H,
                            DEFAULT_CKPT_PER_CHIP_BPS / 1e9, ckpt_read_gbps, ckpt_storage_gbps, None)
     if out is not None:
-        from pathlib import Path
-
-        if not Path(out).parent.is_dir():
-            raise InputError(f"--out {out}: folder {str(Path(out).parent)!r} does not exist")
+        check_output_path(out, "--out")
     pf = load_plan(plan_file)
-    r = replan(pf.model, pf.hardware, pf.job, pf.plan, chips, rel)
+    try:
+        r = replan(pf.model, pf.hardware, pf.job, pf.plan, chips, rel)
+    except NoPlanFits as e:  # a valid job that nothing fits: exit 1, as suggest
+        raise o.nothing_fits(str(e)) from None
     rs = r.reshard
     if out is not None:
         from planner.planfile import save_plan

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import typer
 
 from costmodel.catalog import load_model
@@ -21,10 +24,89 @@ FRAMEWORK = typer.Option("maxtext", "--framework",
 JSON = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
 
 
-def positive(name: str, value: int) -> int:
+MIN_NUMBER, MAX_NUMBER = 1e-6, 1e9  # float flags, in the flag's own unit (hours, minutes, GB/s, price)
+
+
+def positive(name: str, value: int, most: int | None = None) -> int:
+    """`value` is an integer of at least 1 and, when `most` is given, at most `most`."""
     if value is None or value < 1:
         raise InputError(f"{name}: expected a positive integer, got {value}")
+    return at_most(name, value, most)
+
+
+def at_most(name: str, value: int, most: int | None) -> int:
+    """The stated upper bound of a count, checked before any work: past it, one line naming the flag."""
+    if most is not None and value > most:
+        raise InputError(f"{name}: expected at most {most:,}, got {value:,}")
     return value
+
+
+def chips_count(value: int, name: str = "--chips") -> int:
+    """A chip count: 1..planner.candidates.MAX_CHIPS, before the profile's own max_chips is known."""
+    from planner.candidates import MAX_CHIPS
+
+    return positive(name, value, MAX_CHIPS)
+
+
+def number(name: str, value: float | None, zero_ok: bool = False) -> float | None:
+    """A float flag (None passes): finite and within MIN_NUMBER..MAX_NUMBER of its unit, or 0 when `zero_ok`.
+    nan and inf are refused, and so are values so large or small that the formulas over- or underflow (a 1e308-hour
+    MTBF made the checkpoint interval infinite)."""
+    if value is None or (zero_ok and value == 0):
+        return value
+    if not (math.isfinite(value) and MIN_NUMBER <= value <= MAX_NUMBER):
+        kind = "0 or a number" if zero_ok else "a number"
+        raise InputError(f"{name}: expected {kind} from {MIN_NUMBER:g} to {MAX_NUMBER:g}, got {value}")
+    return value
+
+
+def nothing_fits(message: str) -> typer.Exit:
+    """A valid job that no plan fits: one 'error:' line and exit 1 (bad input exits 2), as `suggest` does."""
+    from cli.main import one_line
+
+    typer.echo(f"error: {one_line(message)}", err=True)
+    return typer.Exit(1)
+
+
+def given(ctx: typer.Context, *params: str) -> list[str]:
+    """The flags (their first spelling) among the Python parameter names `params` that the user gave on the
+    command line or in the environment, in the order asked."""
+    from typer._click.core import ParameterSource
+
+    opts = {p.name: p.opts[0] for p in ctx.command.params}
+    return [opts[n] for n in params
+            if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+
+
+def exclusive(ctx: typer.Context, flag: str, given_with: Sequence[str], why: str) -> None:
+    """InputError naming `flag` and the `given_with` parameters the user also gave, which `flag` overrides."""
+    clash = given(ctx, *given_with)
+    if clash:
+        raise InputError(f"{flag} and {', '.join(clash)}: {why}; give one or the other")
+
+
+def repeated_option(command: object, args: Sequence[str]) -> str | None:
+    """'--chips 8 --chips 16' (click keeps the last silently) or '--fast-compile --full-opt': an error message
+    naming both, for the first single-valued option of the subcommand args[0] given twice; else None.
+    `command` is the app's click group (typer.main.get_command(app)), `args` sys.argv[1:]."""
+    sub = getattr(command, "commands", {}).get(args[0]) if args else None
+    params = {o: p for p in (sub.params if sub else ()) for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+    seen: dict[str, str] = {}
+    rest = iter(args[1:])
+    for token in rest:
+        if token == "--":
+            break
+        opt = token.partition("=")[0] if token.startswith("--") else token[:2]
+        p = params.get(opt)
+        if p is None:
+            continue
+        shown = token if opt != token or getattr(p, "is_flag", False) else f"{token} {next(rest, '')}"
+        if getattr(p, "multiple", False) or getattr(p, "count", False):
+            continue
+        if p.name in seen:
+            return f"{seen[p.name]} and {shown}: the same option given twice; give it once"
+        seen[p.name] = shown
+    return None
 
 
 def resolve(model: str, hardware: str) -> tuple[ModelSpec, Chip]:
@@ -47,28 +129,64 @@ def weight_dtype_over(weight_dtype: str | None, framework: str, base: Job) -> st
 def make_plan(dp: int, fsdp: int, tp: int, cp: int, pp: int, ep: int, vpp: int, micro_batch: int, zero: int,
               remat: str, offload: list[str] | None, slices: int, sequence_parallel: bool = True,
               vocab_tiles: int = 1) -> Plan:
-    """Plan from flags. --offload takes 'optimizer', 'params' and/or tensor names (e.g. qkv_proj)."""
+    """Plan from flags. --offload takes 'optimizer', 'params' and/or tensor names (e.g. qkv_proj). Degrees and
+    slices are at most planner.candidates.MAX_CHIPS."""
+    from planner.candidates import MAX_CHIPS
+
     for name, v in (("--dp", dp), ("--fsdp", fsdp), ("--tp", tp), ("--cp", cp), ("--pp", pp), ("--ep", ep),
-                    ("--vpp", vpp), ("--micro-batch", micro_batch), ("--slices", slices),
-                    ("--vocab-tiles", vocab_tiles)):
+                    ("--vpp", vpp), ("--slices", slices)):
+        positive(name, v, MAX_CHIPS)
+    for name, v in (("--micro-batch", micro_batch), ("--vocab-tiles", vocab_tiles)):
         positive(name, v)
+    if math.prod((dp, fsdp, tp, cp, pp, ep)) > MAX_CHIPS:
+        raise InputError(f"--dp {dp} --fsdp {fsdp} --tp {tp} --cp {cp} --pp {pp} --ep {ep}: the degrees multiply "
+                         f"to {math.prod((dp, fsdp, tp, cp, pp, ep)):,} chips; expected at most {MAX_CHIPS:,}")
     policy = parse_remat(remat)
-    opt = par = False
-    tensors = []
-    for item in [s.strip() for o in (offload or []) for s in o.split(",") if s.strip()]:
-        if item in ("optimizer", "opt"):
-            opt = True
-        elif item in ("params", "parameters"):
-            par = True
-        else:
-            tensors.append(item)
+    items = offload_items(offload, remat)
+    tensors = [t for t in items if t not in ("optimizer", "params")]
     if tensors:
-        base = {t: c for t, c in policy.choices().items()}
-        spec = ",".join([f"{t}={c}" for t, c in base.items() if t not in tensors] + [f"{t}=offload" for t in tensors])
-        try:
-            policy = parse_remat("custom:" + spec)
-        except InputError as e:
-            raise InputError(f"--offload: expected 'optimizer', 'params' or remat tensor names; {e}") from None
+        spec = ",".join(f"{t}={'offload' if t in tensors else c}" for t, c in policy.choices().items())
+        policy = parse_remat("custom:" + spec)
     return Plan(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
-                sequence_parallel=sequence_parallel, remat=policy, offload_optimizer=opt, offload_params=par,
-                slices=slices, vocab_tiles=vocab_tiles)
+                sequence_parallel=sequence_parallel, remat=policy, offload_optimizer="optimizer" in items,
+                offload_params="params" in items, slices=slices, vocab_tiles=vocab_tiles)
+
+
+def offload_items(offload: list[str] | None, remat: str = "full") -> dict[str, str]:
+    """{'optimizer' | 'params' | tensor: the item as given} from --offload (comma lists, repeatable). An item
+    given twice (optimizer and opt, qkv_proj and query_proj) or a tensor that a custom --remat gives another
+    choice is an error naming both."""
+    seen: dict[str, str] = {}
+    for item in [s.strip() for o in (offload or []) for s in o.split(",") if s.strip()]:
+        key = {"opt": "optimizer", "optimizer": "optimizer", "params": "params", "parameters": "params"}.get(item)
+        key = key or _tensor(item, "--offload: expected 'optimizer', 'params' or remat tensor names; ")
+        if key in seen:
+            raise InputError(f"--offload {seen[key]} and --offload {item}: {key} given twice; give it once")
+        seen[key] = item
+    for t, choice in custom_choices(remat).items():
+        if t in seen and choice[1] != "offload":
+            raise InputError(f"--remat {choice[0]} and --offload {seen[t]}: contradictory choices for {t}; give one")
+    return seen
+
+
+def custom_choices(remat: str) -> dict[str, tuple[str, str]]:
+    """{tensor: (item, choice)} for each tensor a 'custom:t=c,...' --remat names (ours or MaxText's names);
+    a tensor named twice (qkv_proj=device,query_proj=remat) is an error naming both items."""
+    if not remat.startswith("custom"):
+        return {}
+    out: dict[str, tuple[str, str]] = {}
+    for item in filter(None, (s.strip() for s in remat.partition(":")[2].split(","))):
+        t = _tensor(item.partition("=")[0].strip(), "--remat: ")
+        if t in out:
+            raise InputError(f"--remat: {out[t][0]} and {item}: {t} given twice; give it once")
+        out[t] = (item, parse_remat("custom:" + item).choices()[t])
+    return out
+
+
+def _tensor(name: str, where: str) -> str:
+    """Our name of the remat tensor `name` (ours or MaxText's: query_proj -> qkv_proj)."""
+    try:
+        choices = parse_remat(f"custom:{name}=offload").choices()
+    except InputError as e:
+        raise InputError(f"{where}{e}") from None
+    return next(t for t, c in choices.items() if c == "offload")

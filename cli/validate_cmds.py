@@ -6,7 +6,9 @@ commands start without it.
 
 from __future__ import annotations
 
+import math
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,6 +16,57 @@ from cli import options as o
 from cli.main import app
 from cli.render import print_json
 from hardware.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.validate.scale import Scale
+
+# Stated bounds, checked before jax starts (--devices: planner.validate.scale.MAX_DEVICES). The scaled model is a
+# CPU stand-in (defaults: d_model 128, 2 layers, 128 tokens); --seq-len is the real one under --target.
+MAX_STEPS = 1000  # timed steps after the warm-up (timings take the fastest of a few)
+MAX_D_MODEL = 4096
+MAX_LAYERS = 64
+MAX_SEQ_LEN = 131072  # 128 K tokens (the real length under --target; the CPU stand-in defaults to 128)
+MAX_GRAD_ACCUM = 1024
+DEGREES = ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp", "micro_batch", "zero", "remat", "no_sp")
+TARGET_IGNORES = ("devices", "steps", "grad_accum", "plan_timeout", "coordinator", "fast_compile", "calibrate_out",
+                  "d_model", "layers")
+
+
+def check_counts(devices: int, steps: int, num_processes: int, process_id: int, coordinator: str) -> None:
+    """Every count within its stated bound, before any work: --devices 1..MAX_DEVICES, --steps 0..MAX_STEPS,
+    --num-processes 1..MAX_DEVICES (and with --process-id only under --coordinator)."""
+    from planner.validate.scale import MAX_DEVICES, check_device_count
+
+    check_device_count(devices)
+    if steps is None or not 0 <= steps <= MAX_STEPS:
+        raise InputError(f"--steps: expected 0 (compile only)..{MAX_STEPS:,}, got {steps}")
+    o.positive("--num-processes", num_processes, MAX_DEVICES)
+    if not coordinator and (num_processes != 1 or process_id != 0):
+        raise InputError(f"--num-processes {num_processes} and --process-id {process_id}: a multi-process run "
+                         "needs --coordinator HOST:PORT")
+
+
+def check_scale(scale: Scale) -> Scale:
+    """The scaled model's sizes within their stated bounds (MAX_D_MODEL, MAX_LAYERS, MAX_SEQ_LEN, MAX_GRAD_ACCUM).
+    Returns `scale`."""
+    o.positive("--d-model", scale.d_model, MAX_D_MODEL)
+    o.positive("--layers", scale.n_layers, MAX_LAYERS)
+    o.positive("--seq-len", scale.seq_len, MAX_SEQ_LEN)
+    if not 0 <= scale.micro_steps <= MAX_GRAD_ACCUM:
+        raise InputError(f"--grad-accum: expected 0 (auto) or a positive integer up to {MAX_GRAD_ACCUM:,}, "
+                         f"got {scale.micro_steps}")
+    return scale
+
+
+def check_exclusive(ctx: typer.Context, plan_set: str, plan_file: str, target: str) -> None:
+    """Flags that another one would silently override are errors naming both: --set names its models and plans,
+    --plan its model and degrees, and --target compiles at full width without running anything."""
+    if plan_set:
+        o.exclusive(ctx, "--set", ("plan_file", "target", "model", *DEGREES), "a plan set names its models and plans")
+    if plan_file:
+        o.exclusive(ctx, "--plan", ("model", *DEGREES), "the plan file gives the model and the degrees")
+    if target:
+        o.exclusive(ctx, "--target", TARGET_IGNORES, "a TPU target compiles the full-width step and runs nothing")
 
 
 def _fmt(v: float | None, quantity: str) -> str:
@@ -28,6 +81,7 @@ def _fmt(v: float | None, quantity: str) -> str:
 
 @app.command()
 def validate(
+    ctx: typer.Context,
     model: str = typer.Option("llama3-8b", "--model", "-m", help="Preset name or model YAML (scaled down)."),
     hardware: str = typer.Option("cpu-host", "--hardware", "-H", help="Profile the predictions use."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel degree."),
@@ -77,14 +131,16 @@ def validate(
     from hardware.catalog import load_hardware
     from planner.validate.scale import Scale, check_devices, scale_down
 
-    o.positive("--devices", devices)
-    chip = load_hardware(hardware)
-    if grad_accum < 0:
-        raise InputError(f"--grad-accum: expected 0 (auto) or a positive integer, got {grad_accum}")
-    if not plan_timeout >= 0:
+    check_counts(devices, steps, num_processes, process_id, coordinator)
+    check_exclusive(ctx, plan_set, plan_file, target)
+    if calibrate_out:
+        from hardware.fileio import check_output_path
+
+        check_output_path(calibrate_out, "--calibrate-out")
+    if not (plan_timeout >= 0 and math.isfinite(plan_timeout)):
         raise InputError(f"--plan-timeout: expected 0 (no limit) or a positive number of seconds, got {plan_timeout}")
-    scale = Scale(d_model=o.positive("--d-model", d_model), n_layers=o.positive("--layers", layers),
-                  seq_len=o.positive("--seq-len", seq_len), micro_steps=grad_accum)
+    scale = check_scale(Scale(d_model=d_model, n_layers=layers, seq_len=seq_len, micro_steps=grad_accum))
+    chip = load_hardware(hardware)
     local_devices = devices
     if coordinator:
         from planner.validate.distributed import check_args
@@ -194,8 +250,12 @@ def calibrate_on_devices(hardware: str, out: str, plan_set: str, devices: int, s
     """`planner calibrate --hardware H --out FILE`: run a named plan set on the JAX devices, fit the profile's
     efficiencies to the measured step times and write the calibrated profile to FILE."""
     from hardware.catalog import load_hardware
+    from hardware.fileio import check_output_path
     from planner.validate.scale import check_devices
 
+    check_counts(devices, steps, 1, 0, "")
+    check_scale(scale)
+    check_output_path(out, "--out")
     chip = load_hardware(hardware)
     runs = plan_set_runs(plan_set)
     for _, _, plan in runs:  # before jax starts: one line saying what to change

@@ -126,19 +126,27 @@ def goodput_fraction(interval_s: float, ckpt_s: float, restart_s: float, mtbf_s:
 
 
 def poisson_cdf(k: int, mean: float) -> float:
-    """P(X <= k) for X ~ Poisson(mean); 0 for k < 0."""
+    """P(X <= k) for X ~ Poisson(mean); 0 for k < 0. Closed form: the regularised upper incomplete gamma
+    function Q(k + 1, mean) (scipy.special.pdtr), in constant time for any k (summing the k + 1 terms took one
+    loop per spare host, and returned 0 for every k once exp(-mean) underflowed, mean > 745)."""
     if k < 0:
         return 0.0
-    term = total = math.exp(-mean)
-    for i in range(1, k + 1):
-        term *= mean / i
-        total += term
-    return min(1.0, total)
+    from scipy.special import pdtr  # imported here: only runs with hot spares pay its import
+
+    return min(1.0, float(pdtr(k, mean)))
 
 
 def spare_coverage(spare_hosts: int, failures_per_h: float, repair_h: float) -> float:
     """Probability a free hot-spare host is there when a failure happens (hosts in repair ~ Poisson)."""
     return poisson_cdf(spare_hosts - 1, failures_per_h * repair_h)
+
+
+def check_spares(spares: int, chips: int) -> int:
+    """Hot spares are at most the job's chips: a larger pool is billed to the job but cannot all be in use
+    (with spares = chips every running chip can fail at once and still find one)."""
+    if spares > chips:
+        raise InputError(f"--spares: expected at most the job's {chips:,} chips, got {spares:,}")
+    return spares
 
 
 def parse_count(text: str | float | int, name: str = "--train-tokens") -> float:
@@ -227,6 +235,7 @@ def goodput_from(step_time_s: float, tokens_per_step: float, ckpt: CheckpointSiz
     rel = rel or Reliability()
     if chips < 1:
         raise InputError(f"chips: expected a positive integer, got {chips}")
+    check_spares(rel.spares, chips)
     if train_tokens is not None and not (train_tokens > 0 and math.isfinite(train_tokens)):
         raise InputError(f"--train-tokens: expected a positive number, got {train_tokens}")
     if price_per_chip_hour is not None and not (price_per_chip_hour > 0 and math.isfinite(price_per_chip_hour)):

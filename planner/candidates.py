@@ -37,11 +37,14 @@ from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import AXES, REMAT_POLICIES, UNEVEN_PP_FRAMEWORKS, Plan, Remat, pipeline_split, remat_policy
 from hardware.chip import Chip
-from hardware.errors import InputError, did_you_mean
+from hardware.errors import InputError, did_you_mean, excerpt
 from hardware.topology import valid_slice_sizes
 
 MIN_TOKENS_PER_CP_RANK = 256  # context parallelism below this many tokens per rank is never worth a candidate
 MAX_VPP = 8
+# The largest job the planner takes, checked before any work: 8x the largest shipped profile's max_chips
+# (131,072 GPUs); a profile's own max_chips is checked once it is loaded (check_chips).
+MAX_CHIPS = 2**20
 DEFAULT_TOKENS_PER_BATCH = 4 * 2**20  # ~4M tokens per optimizer step (Llama/GPT-3 scale batches)
 FIX_INT_KEYS = (*AXES, "vpp", "micro_batch", "zero")
 FIX_ALIASES = {"mb": "micro_batch", "micro-batch": "micro_batch", "microbatch": "micro_batch",
@@ -135,15 +138,19 @@ def parse_fix(text: str | None, max_tp: int | None = None, slices: int | None = 
     """'dp=2,tp=4,mb=1,remat=full,offload_optimizer=0' -> Constraints. Unknown keys name the nearest one."""
     fixed: dict[str, int] = {}
     remat = opt = par = None
+    given: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in (text or "").split(","))):
         key, eq, val = item.partition("=")
         key = key.strip().lower().replace("-", "_")
         key = FIX_ALIASES.get(key, key)
         if not eq or not val.strip():
-            raise InputError(f"--fix: expected axis=value items such as dp=2,tp=4, got {item!r}")
+            raise InputError(f"--fix: expected axis=value items such as dp=2,tp=4, got {excerpt(item)}")
         if key not in FIX_KEYS:
-            raise InputError(f"--fix: unknown key {key!r}{did_you_mean(key, FIX_KEYS)}; "
+            raise InputError(f"--fix: unknown key {excerpt(key)}{did_you_mean(key, FIX_KEYS)}; "
                              f"expected one of {', '.join(FIX_KEYS)}")
+        if key in given:
+            raise InputError(f"--fix: {given[key]} and {item}: {key} given twice; give it once")
+        given[key] = item
         if key == "remat":
             remat = remat_policy(val.strip())
         elif key == "offload_optimizer":
@@ -155,13 +162,15 @@ def parse_fix(text: str | None, max_tp: int | None = None, slices: int | None = 
                 v = int(val)
             except ValueError:
                 raise InputError(f"--fix {key}: expected an integer, got {val.strip()!r}") from None
-            lo = 0 if key == "zero" else 1
-            if v < lo or (key == "zero" and v > 3):
-                raise InputError(f"--fix {key}: expected {'0..3' if key == 'zero' else 'a positive integer'}, "
+            lo, hi = (0, 3) if key == "zero" else (1, MAX_CHIPS)
+            if not lo <= v <= hi:
+                raise InputError(f"--fix {key}: expected {'0..3' if key == 'zero' else f'1..{MAX_CHIPS:,}'}, "
                                  f"got {v}")
             fixed[key] = v
     if max_tp is not None and max_tp < 1:
         raise InputError(f"--max-tp: expected a positive integer, got {max_tp}")
+    if max_tp is not None and fixed.get("tp", 1) > max_tp:
+        raise InputError(f"--fix {given['tp']} and --max-tp {max_tp}: contradictory (tp over the limit); give one")
     if slices is not None and slices < 1:
         raise InputError(f"--slices: expected a positive integer, got {slices}")
     return Constraints(max_tp=max_tp, fixed=fixed, remat=remat, offload_optimizer=opt, offload_params=par,
@@ -211,6 +220,8 @@ def check_chips(chip: Chip, chips: int) -> None:
     """InputError unless the topology can form `chips` chips; names the nearest counts that it can."""
     if chips is None or chips < 1:
         raise InputError(f"--chips: expected a positive integer, got {chips}")
+    if chips > MAX_CHIPS:
+        raise InputError(f"--chips: expected at most {MAX_CHIPS:,} (the planner's bound), got {chips:,}")
     if chips > chip.max_chips:
         raise InputError(f"--chips: {chips} exceeds the {chip.name} profile's maximum of {chip.max_chips} chips")
     if formable(chip, chips):

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from costmodel.cost import Cost
 from costmodel.estimate import estimate
 from costmodel.goodput import Reliability, checkpoint_size, ckpt_bandwidth
@@ -43,6 +45,10 @@ from planner.candidates import check_chips, divisors
 MAX_BATCH_TRIES = 8  # other global batches tried when the old one has no fitting plan
 MAX_BATCH_CHANGE = 0.125  # ... within this fraction of the old batch
 NEAR_BEST = 0.9  # take the nearest batch whose throughput is within 10% of the best batch tried
+
+
+class NoPlanFits(InputError):
+    """A valid job that no plan fits at the new count (the CLI exits 1 for it, not 2 as for bad input)."""
 
 
 @dataclass(frozen=True)
@@ -91,28 +97,26 @@ def _state_components(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> dict[st
     return {"weights": (mt.param_elems * w_b, w_shards), "optimizer": (mt.optimizer_param_elems * o_b, o_shards)}
 
 
-def block_overlap(r: int, d_old: int, d_new: int) -> float:
-    """Fraction of the whole (model-parallel shard's) state that data rank r holds in both layouts."""
+def block_overlap(r: int | np.ndarray, d_old: int, d_new: int) -> float | np.ndarray:
+    """Fraction of the whole (model-parallel shard's) state that data rank r holds in both layouts (r may be an
+    array of ranks)."""
     a0, a1 = (r % d_old) / d_old, (r % d_old + 1) / d_old
     b0, b1 = (r % d_new) / d_new, (r % d_new + 1) / d_new
-    return max(0.0, min(a1, b1) - max(a0, b0))
+    return np.maximum(0.0, np.minimum(a1, b1) - np.maximum(a0, b0))
 
 
 def moved_bytes(old: dict[str, tuple[float, int]], new: dict[str, tuple[float, int]], old_data_ranks: int,
                 new_data_ranks: int, same_model_layout: bool) -> tuple[float, float]:
-    """(busiest chip's received bytes, mean over the new data ranks) for one model-parallel shard position."""
-    per_rank = []
-    for r in range(new_data_ranks):
-        need = 0.0
-        for key, (b_new, d_new) in new.items():
-            if not same_model_layout or r >= old_data_ranks:
-                need += b_new
-                continue
-            _, d_old = old[key]
-            whole = b_new * d_new  # this model-parallel shard's state of this kind
-            need += b_new - block_overlap(r, d_old, d_new) * whole
-        per_rank.append(max(0.0, need))
-    return max(per_rank), sum(per_rank) / len(per_rank)
+    """(busiest chip's received bytes, mean over the new data ranks) for one model-parallel shard position.
+    One array operation over the ranks (up to planner.candidates.MAX_CHIPS of them), not a loop per rank."""
+    r = np.arange(new_data_ranks)
+    keeps = (r < old_data_ranks) if same_model_layout else np.zeros(new_data_ranks, dtype=bool)
+    need = np.zeros(new_data_ranks)
+    for key, (b_new, d_new) in new.items():
+        whole = b_new * d_new  # this model-parallel shard's state of this kind
+        need += b_new - np.where(keeps, block_overlap(r, old[key][1], d_new) * whole, 0.0)
+    need = np.maximum(need, 0.0)
+    return float(need.max()), float(need.mean())
 
 
 def link_for(chip: Chip, chips: int, slices: int = 1) -> tuple[float, str]:
@@ -236,7 +240,7 @@ def replan(m: ModelSpec, chip: Chip, job: Job, old_plan: Plan, new_chips: int, r
             best_tps = max(r[1].tokens_per_s for _, r in tried)
             b, found = next((bb, r) for bb, r in tried if r[1].tokens_per_s >= NEAR_BEST * best_tps)
     if found is None:
-        raise InputError(f"--chips: no plan for {m.name} fits on {new_chips} x {chip.name} at global batch "
+        raise NoPlanFits(f"no plan for {m.name} fits on {new_chips} x {chip.name} at global batch "
                          f"{job.global_batch} or any usable batch within {MAX_BATCH_CHANGE * 100:g}% of it")
     plan, cost = found
     new_job = replace(job, global_batch=b)
