@@ -29,6 +29,10 @@ def one_line(message: str) -> str:
 def main() -> None:
     _register()
     try:
+        from cli.options import repeated_option
+
+        if twice := repeated_option(typer.main.get_command(app), sys.argv[1:]):
+            raise InputError(twice)
         code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n in this mode
     except InputError as e:
         typer.echo(f"error: {one_line(str(e))}", err=True)

@@ -245,3 +245,8 @@ def test_moved_bytes_array_equals_the_loop(d_old, d_new, old_ranks, new_ranks, s
     new = {"weights": (2.0e9 / d_new, d_new), "optimizer": (4.0e9 / d_new, max(1, d_new // 2))}
     got = rp.moved_bytes(old, new, old_ranks, new_ranks, same)
     assert got == pytest.approx(moved_bytes_loop(old, new, old_ranks, new_ranks, same), rel=1e-12)
+
+
+def test_an_option_given_twice_is_refused_by_the_cli(capsys, monkeypatch):
+    code, _, err = planner(capsys, monkeypatch, "estimate", "-m", "llama3-8b", "-n", "8", "-n", "16", "--fsdp", "8")
+    assert_one_line_error(code, err, "-n 8 and -n 16", "given twice")
