@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hardware.errors import InputError, unknown
+from hardware.errors import InputError, excerpt, unknown
 
 AXES = ("dp", "fsdp", "tp", "cp", "pp", "ep")
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
@@ -112,6 +112,9 @@ def parse_remat(text: str) -> Remat:
         if tensor is None:
             raise unknown("remat tensor", key, sorted(set(TENSORS) | set(by_maxtext)))
         val = {"recompute": "remat", "save": "device"}.get(val, val)
+        if kw.get(tensor, val) != val:  # MaxText's query/key/value_proj all name our qkv_proj: equal is fine
+            raise InputError(f"--remat {excerpt(text)}: tensor {tensor!r} given twice with different choices "
+                             f"({kw[tensor]}, {val}); give each tensor once")
         kw[tensor] = val
     return Remat(name="custom", **kw)
 

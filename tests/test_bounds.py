@@ -250,3 +250,19 @@ def test_moved_bytes_array_equals_the_loop(d_old, d_new, old_ranks, new_ranks, s
 def test_an_option_given_twice_is_refused_by_the_cli(capsys, monkeypatch):
     code, _, err = planner(capsys, monkeypatch, "estimate", "-m", "llama3-8b", "-n", "8", "-n", "16", "--fsdp", "8")
     assert_one_line_error(code, err, "-n 8 and -n 16", "given twice")
+
+
+def test_remat_tensor_given_twice_with_different_choices():
+    from costmodel.plan import parse_remat
+
+    with pytest.raises(InputError, match="'qkv_proj' given twice with different choices"):
+        parse_remat("custom:qkv_proj=save,query_proj=remat")
+    # MaxText's query, key and value projections are all our qkv_proj: the same choice three times is one choice
+    assert parse_remat("custom:query_proj=save,key_proj=save,value_proj=save").choices()["qkv_proj"] == "device"
+
+
+def test_tpu_target_with_a_huge_side_is_one_line():
+    from planner.validate.tpu import parse_target
+
+    with pytest.raises(InputError, match="at most 4 digits a side"):
+        parse_target("tpu-v5p:" + "9" * 5000 + "x2x2")

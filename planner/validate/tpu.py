@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
-from hardware.errors import InputError
+from hardware.errors import InputError, excerpt
 from planner.validate.compare import (
     Check,
     _check,
@@ -80,10 +80,10 @@ class Target:
 
 def parse_target(text: str) -> Target:
     """'tpu-v5p:2x2x2' (or 'v5p:2x2x2') -> Target. v5p topologies are 3-D, v5e and v6e 2-D (chips per side)."""
-    m = re.fullmatch(r"(?:tpu-)?(v5p|v5e|v6e):(\d+(?:x\d+)*)", text.strip())
+    m = re.fullmatch(r"(?:tpu-)?(v5p|v5e|v6e):(\d{1,4}(?:x\d{1,4})*)", text.strip())
     if not m:
-        raise InputError(f"--target: expected tpu-GEN:TOPOLOGY with GEN one of {', '.join(GENERATIONS)} "
-                         f"(e.g. tpu-v5p:2x2x2, tpu-v6e:2x4), got {text!r}")
+        raise InputError(f"--target: expected tpu-GEN:TOPOLOGY with GEN one of {', '.join(GENERATIONS)} and at most "
+                         f"4 digits a side (e.g. tpu-v5p:2x2x2, tpu-v6e:2x4), got {excerpt(text)}")
     gen, dims = m.group(1), tuple(int(x) for x in m.group(2).split("x"))
     want = 3 if gen == "v5p" else 2
     if len(dims) != want or min(dims) < 1:
