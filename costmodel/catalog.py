@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 
 from costmodel.model import ModelSpec
-from hardware.errors import InputError, unknown
+from hardware.errors import InputError, check_name, excerpt, shown_path, unknown
 from hardware.yamlio import build, cache_per_version, read_yaml
 
 MODEL_DIR = Path(__file__).parent / "models"
@@ -75,15 +75,20 @@ def _build(data: dict, where: str) -> ModelSpec:
 @cache_per_version
 def _load_file(path: str) -> ModelSpec:
     """A model file, parsed (once per version of it)."""
-    return _build(read_yaml(path), Path(path).name)
+    return _build(read_yaml(path), shown_path(Path(path).name))
 
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset by name, a user's model YAML by path, or a size shorthand ('70B', '1T'); see module doc."""
     text = str(name_or_path).strip()
-    if text.endswith((".yaml", ".yml")) or "/" in text:
+    if _is_path(text):
         return _load_file(str(Path(text).resolve()))  # re-read when the file changes
-    return _load_named(text)
+    return _load_named(check_name(text, "field 'model'"))
+
+
+def _is_path(text: str) -> bool:
+    """A model file: a .yaml or .yml suffix (any case) or a '/'."""
+    return text.lower().endswith((".yaml", ".yml")) or "/" in text
 
 
 @cache
@@ -106,7 +111,7 @@ def parse_size(text: str) -> float | None:
         return None
     value = float(m.group(1)) * SUFFIX[m.group(2).lower()]
     if value <= 0:
-        raise InputError(f"field 'model': size {text.strip()!r} must be positive; {EXPECTED}")
+        raise InputError(f"field 'model': size {excerpt(text.strip())} must be positive; {EXPECTED}")
     return value
 
 
@@ -167,7 +172,7 @@ def resolve_size(text: str) -> ModelSpec:
     """The dense Llama-3-style decoder for a size shorthand such as '1T' (rule in the module docstring)."""
     target = parse_size(text)
     if target is None:
-        raise InputError(f"field 'model': {text!r} is not a size; {EXPECTED}")
+        raise InputError(f"field 'model': {excerpt(text)} is not a size; {EXPECTED}")
     label = _canonical(text)
     if target > MAX_SHORTHAND_PARAMS:
         raise InputError(f"field 'model': size {label} is above the supported 1000T; {EXPECTED}")
@@ -205,5 +210,5 @@ def describe_shorthand(text: str) -> str:
 def is_shorthand(text: str) -> bool:
     """True when `text` would be resolved as a size shorthand (not a path or preset name)."""
     t = str(text).strip()
-    return not (t.endswith((".yaml", ".yml")) or "/" in t or t.lower() in preset_names()) \
+    return not (_is_path(t) or t.lower() in preset_names()) \
         and SIZE_RE.match(t) is not None

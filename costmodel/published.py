@@ -16,8 +16,10 @@ Row conventions (from RUNS_SCHEMA.md; no per-row numbers are invented here):
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +28,15 @@ from costmodel.model import ModelSpec
 from costmodel.plan import Plan, parse_remat
 from hardware.catalog import load_hardware, preset_names
 from hardware.chip import Chip
-from hardware.errors import InputError
+from hardware.errors import MAX_NAME_CHARS, InputError, check_name, excerpt, shown_path
+from hardware.fileio import MAX_TABLE_BYTES, read_text
 
 # Source framework -> our framework convention (costmodel.job.Job.framework).
 FRAMEWORK_CONVENTION = {"maxtext": "maxtext", "palm": "maxtext", "other": "maxtext", "mosaic": "pytorch-fsdp",
                         "megatron": "megatron", "nemo": "megatron", "deepspeed": "deepspeed"}
+NAME_COLUMNS = ("id", "model_name", "hardware", "source", "framework", "precision", "remat")  # check_name: printable
+MAX_COUNT = 2**40  # any count column (a dimension, degree, length, batch); Job's bound on tokens per step
+MAX_TABLE_ROWS = 5_000  # ~5 s of estimates (1 ms a row); runs_dev.csv has 248 rows
 REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size",
             "seq_len", "hardware", "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch")
 
@@ -54,24 +60,28 @@ def _num(row: dict[str, str], key: str, default: float | None = None) -> float |
     try:
         x = float(v) if v else math.nan
     except ValueError:
-        raise InputError(f"{key}: expected a number, got {v!r}") from None
+        raise InputError(f"{key}: expected a number, got {excerpt(v)}") from None
     if math.isnan(x):
         return default
     if math.isinf(x):
-        raise InputError(f"{key}: expected a finite number, got {v!r}")
+        raise InputError(f"{key}: expected a finite number, got {excerpt(v)}")
     return x
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    """A column's integer (rounded); default when blank or NaN; a value past MAX_COUNT in magnitude is refused."""
     v = _num(row, key, None)
+    if v is not None and abs(v) > MAX_COUNT:
+        raise InputError(f"{key}: expected at most {MAX_COUNT:,}, got {excerpt(row.get(key))}")
     return default if v is None else int(round(v))
 
 
 def _count(row: dict[str, str], key: str, default: int | None = None) -> int:
-    """A positive integer column (a degree, a length, a batch, a model dimension); default when blank or NaN."""
+    """A positive integer column (a degree, a length, a batch, a model dimension) of at most MAX_COUNT (_int);
+    default when blank or NaN."""
     v = _int(row, key, default)
     if v is None or v < 1:
-        raise InputError(f"{key}: expected a positive integer, got {row.get(key)!r}")
+        raise InputError(f"{key}: expected a positive integer, got {excerpt(row.get(key))}")
     return v
 
 
@@ -81,19 +91,20 @@ def _bool(row: dict[str, str], key: str) -> bool:
 
 def _sliding_window(row: dict[str, str]) -> dict[str, int]:
     """'5 local (sliding window 1024) : 1 global' in a row's notes (Gemma 3)."""
-    hit = re.search(r"(\d+) local \(sliding window (\d+)\) : 1 global", row.get("notes") or "")
+    # (?<!\d): a match starts only at the start of a number (without it a long run of digits is quadratic)
+    hit = re.search(r"(?<!\d)(\d{1,9}) local \(sliding window (\d{1,9})\) : 1 global", row.get("notes") or "")
     return {"local_per_global": int(hit.group(1)), "sliding_window": int(hit.group(2))} if hit else {}
 
 
 def _capacity_factor(row: dict[str, str]) -> float:
     """'capacity factor 1.25' in a row's notes (token-dropping MoE); 0 = dropless."""
-    hit = re.search(r"capacity[ _]factor\s*([0-9.]+)", row.get("notes") or "")
+    hit = re.search(r"capacity[ _]factor\s*([0-9.]{1,24})", row.get("notes") or "")
     return float(hit.group(1)) if hit else 0.0
 
 
 def _vocab_tiles(row: dict[str, str]) -> int:
     """'num_vocab_tiling 16' in a row's notes (MaxText's chunked logits/loss)."""
-    hit = re.search(r"num_vocab_tiling[ =]\s*(\d+)", row.get("notes") or "")
+    hit = re.search(r"num_vocab_tiling[ =]\s*(\d{1,9})", row.get("notes") or "")
     return int(hit.group(1)) if hit else 1
 
 
@@ -116,12 +127,15 @@ def _remat(row: dict[str, str]) -> str:
 
 def row_to_case(row: dict[str, str]) -> Case:
     """Build one case or raise InputError with the reason the row cannot be estimated."""
+    for key in NAME_COLUMNS:
+        if row.get(key):
+            check_name(row[key], key)
     for key in REQUIRED:
         if (row.get(key) or "").strip() == "":
             why = re.search(r"UNUSABLE[^|]*", row.get("notes") or "")
             raise InputError(f"missing {key}" + (f" ({why.group(0).strip()[:120]})" if why else ""))
     if row["hardware"] not in preset_names():
-        raise InputError(f"no hardware profile {row['hardware']!r}")
+        raise InputError(f"no hardware profile {excerpt(row['hardware'])}")
     fw = (row.get("framework") or "").strip()
     convention = FRAMEWORK_CONVENTION.get(fw, "megatron")
     n_exp = _int(row, "n_experts", 0) or 0
@@ -139,6 +153,10 @@ def row_to_case(row: dict[str, str]) -> Case:
     job = Job(seq_len=_count(row, "seq_len"), global_batch=_count(row, "global_batch"), precision=precision,
               framework=convention, weight_dtype=_weight_dtype(row, convention))
     deg = {a: _count(row, a, 1) for a in ("dp", "fsdp", "tp", "cp", "pp", "ep")}
+    chips = _count(row, "chips")
+    if chips != math.prod(deg.values()):
+        raise InputError(f"chips: {chips} is not the product of the degrees dp*fsdp*tp*cp*pp*ep = "
+                         f"{'*'.join(str(v) for v in deg.values())} = {math.prod(deg.values())}")
     shards = deg["dp"] * deg["fsdp"] * deg["ep"]
     if fw == "maxtext" or fw == "palm":
         accum = 1
@@ -155,27 +173,57 @@ def row_to_case(row: dict[str, str]) -> Case:
     measured = _num(row, "measured_step_time_s")
     if measured is None or measured <= 0:
         raise InputError(f"measured_step_time_s: expected a positive number of seconds, got "
-                         f"{row.get('measured_step_time_s')!r}")
+                         f"{excerpt(row.get('measured_step_time_s'))}")
     return Case(row["id"], row.get("source") or "", model, load_hardware(row["hardware"]), job, plan, measured)
 
 
 def load_cases(path: str | Path) -> tuple[list[Case], dict[str, str]]:
-    """All estimable rows of a runs CSV, plus {id: reason} for the rows that are skipped."""
+    """All estimable rows of a runs CSV, plus {row label: reason} for the rows that are skipped (issue 28's rule:
+    a row that cannot be used is reported and skipped, nothing else is lost). The file goes through
+    hardware.fileio.read_text (MAX_TABLE_BYTES, UTF-8) and at most MAX_TABLE_ROWS rows; a file that is not CSV
+    (a field over csv's 128 KB limit, a stray quote) is one InputError naming the line."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"--file: {p} not found")
+    rows = _read_rows(p)
     cases, skipped = [], {}
-    with p.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in ("id", "measured_step_time_s", "hardware") if c not in (reader.fieldnames or [])]
-        if missing:
-            raise InputError(f"--file: {p} lacks the column(s) {', '.join(missing)} of the runs schema")
-        for row in reader:
-            try:
-                cases.append(row_to_case(row))
-            except (InputError, ValueError) as e:
-                skipped[row.get("id", "?")] = str(e)
+    for line, row in rows:
+        try:
+            cases.append(row_to_case(row))
+        except (InputError, ValueError) as e:
+            skipped[_row_label(row, line, skipped)] = str(e)
     return cases, skipped
+
+
+def _read_rows(p: Path) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) for every row of a runs CSV; the header must have the runs schema's key columns."""
+    try:
+        text = read_text(p, MAX_TABLE_BYTES)
+    except InputError as e:
+        raise InputError(f"--file {e}") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = []
+    try:
+        header = reader.fieldnames or []
+        missing = [c for c in ("id", "measured_step_time_s", "hardware") if c not in header]
+        if missing:
+            raise InputError(f"--file {shown_path(p)}: lacks the column(s) {', '.join(missing)} of the runs schema")
+        twice = sorted(c for c, n in Counter(header).items() if n > 1)
+        if twice:  # csv.DictReader would keep the last silently
+            raise InputError(f"--file {shown_path(p)}: column(s) {excerpt(', '.join(twice))} given twice in the header")
+        for row in reader:
+            if len(rows) == MAX_TABLE_ROWS:
+                raise InputError(f"--file {shown_path(p)}: more than {MAX_TABLE_ROWS:,} rows; split the file")
+            rows.append((reader.line_num, row))
+    except csv.Error as e:
+        raise InputError(f"--file {shown_path(p)}: line {reader.reader.line_num}: not a valid CSV row ({e})") from None
+    return rows
+
+
+def _row_label(row: dict[str, str], line: int, taken: dict[str, str]) -> str:
+    """The row's id when it is a usable, unused name; else its line number, so that no skipped row hides another."""
+    rid = row.get("id") or ""
+    if rid and rid.isprintable() and len(rid) <= MAX_NAME_CHARS and rid not in taken:
+        return rid
+    return f"line {line}" + (f" ({excerpt(rid)})" if rid else "")
 
 
 def family(case: Case) -> str:
@@ -191,8 +239,9 @@ def evaluate(cases: list[Case], chips: dict[str, Chip] | None = None) -> list[di
         chip = (chips or {}).get(c.chip.name, c.chip)
         try:
             cost = estimate(c.model, chip, c.job, c.plan)
-        except InputError as e:
-            rows.append({"id": c.id, "source": c.source, "hardware": c.chip.name, "skipped": str(e)})
+        except (InputError, ArithmeticError) as e:  # a row that cannot be estimated is reported, not fatal
+            why = str(e) if isinstance(e, InputError) else f"cannot be estimated ({type(e).__name__}: {e})"
+            rows.append({"id": c.id, "source": c.source, "hardware": c.chip.name, "skipped": why})
             continue
         err = (cost.step_time_s - c.measured_step_time_s) / c.measured_step_time_s * 100
         rows.append({"id": c.id, "source": c.source, "hardware": c.chip.name,

@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from hardware.chip import Chip, Efficiency
-from hardware.errors import InputError, unknown
+from hardware.errors import InputError, check_name, excerpt, shown_path, unknown
 from hardware.yamlio import build, cache_per_version, read_yaml
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -22,8 +22,9 @@ def preset_names() -> list[str]:
 @cache_per_version
 def _load_file(path: str) -> Chip:
     """A profile file, parsed and checked (once per version of it)."""
-    chip = build(Chip, read_yaml(path), Path(path).name)
-    _check(chip, Path(path).name)
+    where = shown_path(Path(path).name)
+    chip = build(Chip, read_yaml(path), where)
+    _check(chip, where)
     return chip
 
 
@@ -51,7 +52,7 @@ def _check(chip: Chip, where: str) -> None:
         if lv.domain_chips < 0:
             raise InputError(f"{where}: levels[{i}].domain_chips must be >= 0 (0: unbounded), got {lv.domain_chips}")
         if lv.kind not in ("torus", "switch", "network"):
-            raise InputError(f"{where}: levels[{i}].kind must be torus, switch or network, got {lv.kind!r}")
+            raise InputError(f"{where}: levels[{i}].kind must be torus, switch or network, got {excerpt(lv.kind)}")
 
 
 def check_efficiency(eff: Efficiency, where: str) -> None:
@@ -71,10 +72,10 @@ def check_efficiency(eff: Efficiency, where: str) -> None:
 
 
 def load_hardware(name_or_path: str) -> Chip:
-    """A preset by name (e.g. 'tpu-v5p') or a user's profile by path (anything ending in .yaml/.yml)."""
-    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+    """A preset by name (e.g. 'tpu-v5p') or a user's profile by path (a .yaml/.yml suffix in any case, or a '/')."""
+    if name_or_path.lower().endswith((".yaml", ".yml")) or "/" in name_or_path:
         return _load_file(str(Path(name_or_path).resolve()))
-    if name_or_path not in preset_names():
+    if check_name(name_or_path, "hardware") not in preset_names():
         raise unknown("hardware", name_or_path, preset_names())
     return with_calibration(_load_file(str(PROFILE_DIR / f"{name_or_path}.yaml")))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import math
 import re
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,13 @@ from costmodel.model import ModelSpec
 from costmodel.plan import REMAT_POLICIES, Plan, Remat, pipeline_split
 from hardware.catalog import load_hardware
 from hardware.chip import Chip
-from hardware.errors import InputError, did_you_mean
-from hardware.fileio import MAX_FILE_BYTES
-from hardware.yamlio import read_yaml
+from hardware.errors import MAX_NAME_CHARS, InputError, check_name, did_you_mean, escape, excerpt, shown_path
+from hardware.fileio import read_text
+from hardware.yamlio import parse_yaml
 from planner.export_maxtext import AXIS_KEYS, MAXTEXT_POLICIES, TOPOLOGY
 from planner.planfile import PlanFile, same_shape
 
-HINT_RE = re.compile(r"^\s*#\s*planner:\s*(.*)$", re.MULTILINE)
+HINT_RE = re.compile(r"^[ \t]*#[ \t]*planner:[ \t]*(.*)$", re.MULTILINE)  # [ \t], not \s: linear on blank lines
 
 
 @dataclass(frozen=True)
@@ -39,11 +38,24 @@ class Imported:
     notes: tuple[str, ...] = ()
 
 
-def _hints(text: str) -> dict[str, str]:
+def _hints(text: str, where: str) -> dict[str, str]:
+    """The `# planner: model=... hardware=... chips=...` line the exporters write. Its values are data: names
+    (printable, at most MAX_NAME_CHARS) and a chip count of at most 9 digits."""
     m = HINT_RE.search(text)
     if not m:
         return {}
-    return dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
+    hints = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
+    for key, value in hints.items():
+        check_name(value, f"{where}: the '# planner:' line's {excerpt(key)}")
+    if "chips" in hints and not re.fullmatch(r"[1-9][0-9]{0,8}", hints["chips"]):
+        raise InputError(f"{where}: the '# planner:' line's chips: expected a positive integer, got "
+                         f"{excerpt(hints['chips'])}")
+    return hints
+
+
+def _model_name(path: Path) -> str:
+    """The imported model's name: the file's stem, escaped and cut to MAX_NAME_CHARS (a name is data)."""
+    return escape(path.stem)[:MAX_NAME_CHARS] or "imported"
 
 
 def _chip(hardware: str | None, hints: dict[str, str], guess: str | None, where: str, example: str) -> tuple[Chip, str]:
@@ -98,6 +110,7 @@ MT_DEFAULTS: dict[str, Any] = {
     "context": "remat", "out_proj": "remat", "mlpwi": "remat", "mlpwi_0": "remat", "mlpwi_1": "remat",
     "mlpwo": "remat",
     "ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,  # the auto axes; every other mesh degree defaults to 1
+    "weight_dtype": "float32", "num_vocab_tiling": 1,
 }
 # MaxText mesh stems folded into our axes; others must be 1.
 MT_AXES = {"data": "dp", "fsdp": "fsdp", "fsdp_transpose": "fsdp", "tensor": "tp", "tensor_sequence": "tp",
@@ -112,6 +125,9 @@ MODEL_SHAPE_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
                     "base_num_decoder_layers")
 
 
+MAX_INT_CHARS = 24  # a number written as a string ('10_000'): as long as hardware.yamlio's integer literals
+KIND_OF_DEFAULT = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+
 KEYS_FILE = Path(__file__).with_name("maxtext_0_2_5_keys.txt")
 
 
@@ -124,8 +140,8 @@ def maxtext_key_names() -> frozenset[str]:
 class _Keys:
     """Typed access to a MaxText config with base.yml defaults; errors name the file and the key."""
 
-    def __init__(self, data: dict, where: str):
-        self.data, self.where = data, where
+    def __init__(self, data: dict, where: str, name: str = "imported"):
+        self.data, self.where, self.name = data, where, name
 
     def raw(self, key: str) -> Any:
         return self.data.get(key, MT_DEFAULTS.get(key))
@@ -134,13 +150,13 @@ class _Keys:
         v = self.data.get(key, MT_DEFAULTS.get(key, default))
         if isinstance(v, float) and v.is_integer():
             v = int(v)
-        if isinstance(v, str):
+        if isinstance(v, str) and len(v) <= MAX_INT_CHARS:
             try:
                 v = int(v.replace("_", ""))
             except ValueError:
                 pass
         if isinstance(v, bool) or not isinstance(v, int):
-            raise InputError(f"{self.where}: key {key!r}: expected an integer, got {v!r}")
+            raise InputError(f"{self.where}: key {key!r}: expected an integer, got {excerpt(v)}")
         return v
 
     def count(self, key: str, default: int | None = None, auto: bool = False) -> int:
@@ -159,7 +175,7 @@ class _Keys:
             except ValueError:
                 pass
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise InputError(f"{self.where}: key {key!r}: expected a finite number, got {v!r}")
+            raise InputError(f"{self.where}: key {key!r}: expected a finite number, got {excerpt(v)}")
         return float(v)
 
     def bool(self, key: str) -> bool:
@@ -167,7 +183,7 @@ class _Keys:
         if isinstance(v, str) and v.lower() in ("true", "false"):
             v = v.lower() == "true"
         if not isinstance(v, bool):
-            raise InputError(f"{self.where}: key {key!r}: expected true or false, got {v!r}")
+            raise InputError(f"{self.where}: key {key!r}: expected true or false, got {excerpt(v)}")
         return v
 
     def str(self, key: str) -> str:
@@ -175,7 +191,7 @@ class _Keys:
         if v is None:
             return ""
         if not isinstance(v, str):
-            raise InputError(f"{self.where}: key {key!r}: expected a string, got {v!r}")
+            raise InputError(f"{self.where}: key {key!r}: expected a string, got {excerpt(v)}")
         return v
 
 
@@ -186,20 +202,22 @@ def _maxtext_model(k: _Keys, notes: list[str]) -> ModelSpec:
     if name != "default" and not any(key in k.data for key in MODEL_SHAPE_KEYS):
         preset = MT_MODEL_NAMES.get(name, name)
         try:
+            if "/" in preset or preset.lower().endswith((".yaml", ".yml")):  # a name in a config, never a file
+                raise InputError(preset)
             return load_model(preset)
         except InputError:
-            raise InputError(f"{k.where}: key 'model_name': MaxText model {name!r} is not a planner preset; "
+            raise InputError(f"{k.where}: key 'model_name': MaxText model {excerpt(name)} is not a planner preset; "
                              "pass --model (a preset, model YAML or size) or the base_* shape keys") from None
     if name == "default" and not any(key in k.data for key in MODEL_SHAPE_KEYS):
         notes.append("model: no model_name or base_* keys; MaxText's base.yml default model (16 x 2048) is used")
     acts = k.raw("mlp_activations")
-    if not isinstance(acts, list) or not acts:
+    if not isinstance(acts, list) or not acts or not all(isinstance(a, str) for a in acts):
         raise InputError(f"{k.where}: key 'mlp_activations': expected a list such as [\"silu\", \"linear\"], got "
-                         f"{acts!r}")
+                         f"{excerpt(acts)}")
     mla = k.str("attention_type") == "mla"
     experts = k.int("num_experts")
     spec: dict[str, Any] = dict(
-        name=Path(k.where).stem, n_layers=k.int("base_num_decoder_layers"), d_model=k.int("base_emb_dim"),
+        name=k.name, n_layers=k.int("base_num_decoder_layers"), d_model=k.int("base_emb_dim"),
         n_heads=k.int("base_num_query_heads"), n_kv_heads=k.int("base_num_kv_heads"),
         ffn_dim=k.int("base_mlp_dim"), vocab_size=k.int("vocab_size"), gated_mlp=len(acts) > 1,
         tied_embeddings=k.bool("logits_via_embedding"), source=f"imported from MaxText config {k.where}")
@@ -270,14 +288,14 @@ def _maxtext_remat(k: _Keys, gated: bool, notes: list[str]) -> Remat:
     if name in MAXTEXT_POLICIES:
         return REMAT_POLICIES[name]
     if name != "custom":
-        raise InputError(f"{k.where}: key 'remat_policy': {name!r} is not a MaxText 0.2.5 policy the planner "
+        raise InputError(f"{k.where}: key 'remat_policy': {excerpt(name)} is not a MaxText 0.2.5 policy the planner "
                          f"models; expected one of: {', '.join((*MAXTEXT_POLICIES, 'custom'))}")
     choices = ("remat", "device", "offload")
 
     def get(key: str) -> str:
         v = k.str(key)
         if v not in choices:
-            raise InputError(f"{k.where}: key {key!r}: expected one of remat, device, offload, got {v!r}")
+            raise InputError(f"{k.where}: key {key!r}: expected one of remat, device, offload, got {excerpt(v)}")
         return v
 
     qkv = [get(t) for t in ("query_proj", "key_proj", "value_proj")]
@@ -290,13 +308,29 @@ def _maxtext_remat(k: _Keys, gated: bool, notes: list[str]) -> Remat:
                  out_proj=get("out_proj"), mlp_in=mlp[0], mlp_out=get("mlpwo"), name="custom")
 
 
+def _check_kinds(data: dict[str, object], where: str) -> None:
+    """A key the planner reads holds the kind of value base.yml gives it, whichever branch reads it: a list where
+    base.yml has a list (mlp_activations), a single value elsewhere (a list or mapping for a scalar key is
+    refused, naming the key and the type). The exact type is checked where the key is read; keys the planner
+    ignores are left to MaxText's own typed config (maxtext.configs.types.MaxTextConfig)."""
+    for key, default in MT_DEFAULTS.items():
+        if key not in data:
+            continue
+        v, want_list = data[key], isinstance(default, list)
+        if (want_list and not isinstance(v, list)) or (not want_list and isinstance(v, list | dict)):
+            got = "a list" if isinstance(v, list) else "a mapping" if isinstance(v, dict) else "a single value"
+            raise InputError(f"{where}: key {key!r}: expected {KIND_OF_DEFAULT[type(default)]}, got {got} "
+                             f"{excerpt(v)}")
+
+
 def _check_maxtext_keys(data: dict[str, object], k: _Keys, where: str) -> None:
     """Every key a MaxText 0.2.5 key, and no parallelism over an axis the planner does not model."""
     known = maxtext_key_names()
     for key in data:
         if key not in known:
-            raise InputError(f"{where}: key {str(key)!r} is not a MaxText 0.2.5 config key"
-                             f"{did_you_mean(str(key), known)}")
+            raise InputError(f"{where}: key {excerpt(key)} is not a MaxText 0.2.5 config key"
+                             f"{did_you_mean(str(key)[:MAX_NAME_CHARS], known)}")
+    _check_kinds(data, where)
     for stem in MT_UNSUPPORTED_AXES:
         for level in ("ici", "dcn"):
             key = f"{level}_{stem}_parallelism"
@@ -322,7 +356,7 @@ def _maxtext_mesh(k: _Keys, chips: int | None, topo_per_slice: int | None, topo_
     if total is None and -1 not in ici_raw.values():
         total = math.prod(ici_raw.values()) * slices
     if total is None and "chips" in hints:
-        total = int(hints["chips"])
+        total = int(hints["chips"])  # at most 9 digits (_hints)
     if total is not None and total % slices:
         raise InputError(f"{where}: {total} chips do not split into num_slices={slices}")
     ici = _fill(ici_raw, total // slices if total else None, where, "ICI")
@@ -401,10 +435,10 @@ def _maxtext_precision(k: _Keys, where: str, notes: list[str]) -> tuple[str, str
     elif quant.startswith("fp8") or quant in ("nanoo_fp8", "te_fp8_delayedscaling", "te_fp8_currentscaling"):
         precision = "fp8"
     elif quant:
-        notes.append(f"precision: quantization {quant!r} is modelled as bf16")
+        notes.append(f"precision: quantization {excerpt(quant)} is modelled as bf16")
     weight_dtype = k.str("weight_dtype") or "float32"
     if weight_dtype not in ("float32", "bfloat16"):
-        raise InputError(f"{where}: weight_dtype: expected float32 or bfloat16, got {weight_dtype!r}")
+        raise InputError(f"{where}: weight_dtype: expected float32 or bfloat16, got {excerpt(weight_dtype)}")
     return precision, weight_dtype
 
 
@@ -412,10 +446,13 @@ def import_maxtext(path: str | Path, hardware: str | None = None, chips: int | N
                    model: str | None = None) -> Imported:
     """A MaxText config YAML (keys of maxtext 0.2.5 base.yml; unlisted keys take base.yml's defaults)."""
     p = Path(path)
-    where = str(p)
-    data = read_yaml(p)
-    hints = _hints(p.read_text())
-    k = _Keys(data, where)
+    where = shown_path(p)
+    text = read_text(p)  # size cap, UTF-8, then the strict YAML loader (no aliases or duplicate keys)
+    data = parse_yaml(text, where)
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected a mapping of MaxText config keys at the top level")
+    hints = _hints(text, where)
+    k = _Keys(data, where, _model_name(p))
     notes: list[str] = []
     _check_maxtext_keys(data, k, where)
     topo_hw, topo_per_slice, topo_slices = _topology(k)
@@ -514,35 +551,90 @@ def _check_uneven_split(a: _Args, n_layers: int, pp: int, vpp: int, where: str, 
                      f"given {max(first, mid, last)})")
 
 
+_SHELL_PART = re.compile(r"""
+    (?P<space>[ \t\r\n\f\v]+)
+  | (?P<cont>\\\r?\n)
+  | '(?P<single>[^']*)'
+  | "(?P<double>[^"\\]*(?:\\.[^"\\]*)*)"
+  | \\(?P<escape>.)
+  | (?P<plain>[^ \t\r\n\f\v'"\\]+)
+""", re.VERBOSE | re.DOTALL)
+_DOUBLE_ESCAPE = re.compile(r'\\([$`"\\\n])')
+
+
+def shell_words(text: str, where: str) -> list[str]:
+    """Split a command line or bash array into words as bash does, without expanding anything: quotes,
+    backslash escapes, line continuations, and comments from a '#' at the start of a word. Linear in the text
+    (shlex.split is quadratic in a long quoted word: 47 s for 1 MB)."""
+    words: list[str] = []
+    word: list[str] | None = None
+    i = 0
+    while i < len(text):
+        if word is None and text[i] == "#":
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        m = _SHELL_PART.match(text, i)
+        if m is None:
+            line = text.count("\n", 0, i) + 1
+            raise InputError(f"{where}: cannot split into arguments (a quote that is not closed, or a "
+                             f"backslash at the end, at line {line})")
+        i = m.end()
+        kind = m.lastgroup
+        if kind == "space":
+            if word is not None:
+                words.append("".join(word))
+            word = None
+        elif kind != "cont":
+            part = m.group(kind)
+            word = [] if word is None else word
+            word.append(_DOUBLE_ESCAPE.sub(_unescape, part) if kind == "double" else part)
+    if word is not None:
+        words.append("".join(word))
+    return words
+
+
+def _unescape(m: re.Match) -> str:
+    """Inside double quotes a backslash escapes only $ ` " \\ and a line break (which it removes)."""
+    return "" if m.group(1) == "\n" else m.group(1)
+
+
 def _meg_tokens(text: str, where: str) -> dict[str, str | bool]:
-    try:
-        tokens = shlex.split(text, comments=True)
-    except ValueError as e:
-        raise InputError(f"{where}: cannot split into arguments ({e})") from None
+    """Flag -> value (True for a bare flag). A flag the planner reads given twice with different values is
+    refused: Megatron-LM's argparse keeps the last one silently, which is seldom what a script meant."""
+    tokens = shell_words(text, where)
     out: dict[str, str | bool] = {}
     i = 0
     while i < len(tokens):
         tok = tokens[i]
         if tok.startswith("--"):
             flag, eq, val = tok.partition("=")
+            value: str | bool = True
             if flag in MEG_BOOL_FLAGS:
-                out[flag] = True
+                value = True
             elif eq:
-                out[flag] = val
+                value = val
             elif flag in MEG_VALUE_FLAGS or (i + 1 < len(tokens) and not tokens[i + 1].startswith("-")):
                 if i + 1 >= len(tokens):
                     raise InputError(f"{where}: argument {flag} needs a value")
-                out[flag] = tokens[i + 1]
+                value = tokens[i + 1]
                 i += 1
-            else:
-                out[flag] = True
+            _check_repeat(out, flag, value, where)
+            out[flag] = value
         i += 1
     return out
 
 
+def _check_repeat(out: dict[str, str | bool], flag: str, value: str | bool, where: str) -> None:
+    """Refuse a flag the planner reads given again with another value (the same value twice is harmless)."""
+    if flag in out and out[flag] != value and (flag in MEG_VALUE_FLAGS or flag in MEG_BOOL_FLAGS):
+        raise InputError(f"{where}: argument {flag} is given twice, {excerpt(out[flag])} and {excerpt(value)} "
+                         "(Megatron-LM would use the last); keep one")
+
+
 class _Args:
-    def __init__(self, flags: dict[str, str | bool], where: str):
-        self.flags, self.where = flags, where
+    def __init__(self, flags: dict[str, str | bool], where: str, name: str = "imported"):
+        self.flags, self.where, self.name = flags, where, name
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
@@ -554,10 +646,12 @@ class _Args:
                 raise InputError(f"{self.where}: missing argument {flag} (an integer)")
             return default
         try:
+            if len(str(v)) > MAX_INT_CHARS:
+                raise ValueError
             return int(str(v))
         except ValueError:
             hint = " (shell variables are not expanded)" if "$" in str(v) else ""
-            raise InputError(f"{self.where}: argument {flag}: expected an integer, got {v!r}{hint}") from None
+            raise InputError(f"{self.where}: argument {flag}: expected an integer, got {excerpt(v)}{hint}") from None
 
     def count(self, flag: str, default: int | None = None) -> int:
         """A positive integer."""
@@ -575,7 +669,7 @@ class _Args:
         except ValueError:
             x = math.nan
         if not math.isfinite(x):
-            raise InputError(f"{self.where}: argument {flag}: expected a finite number, got {v!r}")
+            raise InputError(f"{self.where}: argument {flag}: expected a finite number, got {excerpt(v)}")
         return x
 
     def str(self, flag: str, default: str = "") -> str:
@@ -583,30 +677,45 @@ class _Args:
         return v if isinstance(v, str) else default
 
 
+MAX_PATTERN_LAYERS = 100_000  # --moe-layer-freq is expanded per layer; published MoE models have at most ~100
+
+
 def _layer_pattern(text: str, n_layers: int, where: str) -> list[int]:
-    """--moe-layer-freq: an integer N (one MoE layer every N) or a list expression such as ([0]*3+[1]*58)."""
-    if text.strip().isdigit():
+    """--moe-layer-freq: an integer N (one MoE layer every N, Megatron's `i % N == 0`) or a list expression such
+    as ([0]*3+[1]*58), evaluated with no value or list larger than the layer count."""
+    bad = InputError(f"{where}: argument --moe-layer-freq: expected a positive integer or a list expression of "
+                     f"{n_layers} zeros and ones such as ([0]*3+[1]*{n_layers - 3}), got {excerpt(text)}")
+    if n_layers > MAX_PATTERN_LAYERS:
+        raise InputError(f"{where}: argument --num-layers: expected at most {MAX_PATTERN_LAYERS:,} layers for an "
+                         f"MoE model, got {n_layers:,}")
+    if re.fullmatch(r"\s*[0-9]{1,9}\s*", text):
         n = int(text)
+        if n < 1:
+            raise bad
         return [1 if i % n == 0 else 0 for i in range(n_layers)]
-
-    def ev(node: ast.AST) -> Any:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.List):
-            return [ev(e) for e in node.elts]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
-            a, b = ev(node.left), ev(node.right)
-            return a + b if isinstance(node.op, ast.Add) else a * b
-        raise ValueError
-
     try:
-        out = ev(ast.parse(text.strip(), mode="eval").body)
-        if not isinstance(out, list) or len(out) != n_layers or any(v not in (0, 1) for v in out):
+        out = _pattern_value(ast.parse(text.strip(), mode="eval").body, max(n_layers, 1))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise bad from None
+    if not isinstance(out, list) or len(out) != n_layers or any(v not in (0, 1) for v in out):
+        raise bad
+    return out
+
+
+def _pattern_value(node: ast.AST, bound: int) -> Any:
+    """An integer, a list, or a sum or product of them, refused (ValueError) before any integer or list would
+    exceed `bound`: '[0]*10**12' costs nothing."""
+    if isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) <= bound:
+        return node.value
+    if isinstance(node, ast.List) and len(node.elts) <= bound:
+        return [_pattern_value(e, bound) for e in node.elts]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+        a, b = _pattern_value(node.left, bound), _pattern_value(node.right, bound)
+        sa, sb = (len(x) if isinstance(x, list) else abs(x) for x in (a, b))
+        if (sa * sb if isinstance(node.op, ast.Mult) else sa + sb) > bound:
             raise ValueError
-        return out
-    except (ValueError, SyntaxError, TypeError, MemoryError):
-        raise InputError(f"{where}: argument --moe-layer-freq: expected an integer or a list expression of "
-                         f"{n_layers} zeros and ones such as ([0]*3+[1]*{n_layers - 3}), got {text!r}") from None
+        return a * b if isinstance(node.op, ast.Mult) else a + b
+    raise ValueError
 
 
 def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
@@ -619,7 +728,7 @@ def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
         raise InputError(f"{a.where}: missing argument --vocab-size (Megatron takes it from the tokenizer; add "
                          "--vocab-size N or pass --model)")
     spec: dict[str, Any] = dict(
-        name=Path(a.where).stem, n_layers=layers, d_model=h, n_heads=heads, ffn_dim=a.int("--ffn-hidden-size",
+        name=a.name, n_layers=layers, d_model=h, n_heads=heads, ffn_dim=a.int("--ffn-hidden-size",
                                                                                           ffn_default),
         vocab_size=a.int("--vocab-size"), gated_mlp=swiglu,
         tied_embeddings=not a.has("--untie-embeddings-and-output-weights"),
@@ -661,7 +770,7 @@ def _megatron_world(a: _Args, chips: int | None, hints: dict[str, str], where: s
         per = a.count("--nproc-per-node") if a.has("--nproc-per-node") else a.count("--nproc_per_node")
         world = per * a.count("--nnodes")
     if world is None and "chips" in hints:
-        world = int(hints["chips"])
+        world = int(hints["chips"])  # at most 9 digits (_hints)
     if world is None:
         raise InputError(f"{where}: Megatron-LM arguments do not give the world size; pass --chips")
     return world
@@ -733,7 +842,7 @@ def _megatron_remat(a: _Args, layers_per_chunk: int, where: str, notes: list[str
         return REMAT_POLICIES["full"]
     if gran in ("", "none"):
         return REMAT_POLICIES["none"]
-    raise InputError(f"{where}: argument --recompute-granularity: expected full or selective, got {gran!r}")
+    raise InputError(f"{where}: argument --recompute-granularity: expected full or selective, got {excerpt(gran)}")
 
 
 def _megatron_precision(a: _Args, notes: list[str]) -> str:
@@ -750,14 +859,10 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
                     model: str | None = None) -> Imported:
     """Megatron-LM pretrain_gpt.py arguments: an args file, a bash array or a copied command line."""
     p = Path(path)
-    where = str(p)
-    if not p.is_file():
-        raise InputError(f"{where}: file not found")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise InputError(f"{where}: file is larger than {MAX_FILE_BYTES} bytes")
-    text = p.read_text()
-    hints = _hints(text)
-    a = _Args(_meg_tokens(text, where), where)
+    where = shown_path(p)
+    text = read_text(p)  # size cap and UTF-8, one-line errors
+    hints = _hints(text, where)
+    a = _Args(_meg_tokens(text, where), where, _model_name(p))
     notes: list[str] = []
     chip, hw_ref = _chip(hardware, hints, None, where, "h100-sxm")
     if model:

@@ -22,8 +22,9 @@ from costmodel.model import ModelSpec
 from costmodel.plan import AXES, REMAT_POLICIES, TENSORS, Plan, Remat
 from hardware.catalog import load_hardware, preset_names
 from hardware.chip import Chip
-from hardware.errors import InputError, did_you_mean, unknown
-from hardware.yamlio import build, read_yaml, to_dict
+from hardware.errors import MAX_NAME_CHARS, InputError, check_name, did_you_mean, escape, excerpt, shown_path, unknown
+from hardware.fileio import check_output_path, read_text, write_text
+from hardware.yamlio import MAX_DEPTH, MAX_INT_DIGITS, build, parse_yaml, to_dict
 
 VERSION = 1
 TOP_FIELDS = ("version", "description", "model", "hardware", "chips", "job", "plan", "predicted")
@@ -32,6 +33,8 @@ PLAN_FIELDS = ("degrees", "slices", "ici", "dcn", "micro_batch", "vpp", "zero", 
                "offload_optimizer", "offload_params", "vocab_tiles")
 PREDICTED_FIELDS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "fit_memory_bytes", "fits")
 MODEL_META = ("name", "description", "source")
+MAX_REF_CHARS = 1024  # a model or hardware reference that is a path (a name: MAX_NAME_CHARS)
+MAX_DESCRIPTION_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,15 @@ class PlanFile:
 # ---- small typed readers: each error names file, field and the expected type ----------------------------------
 
 def _err(where: str, field: str, expected: str, value: Any) -> InputError:
-    return InputError(f"{where}: field {field!r}: expected {expected}, got {value!r}")
+    return InputError(f"{where}: field {field!r}: expected {expected}, got {excerpt(value)}")
 
 
 def _check_keys(data: dict, allowed: tuple[str, ...], where: str, section: str) -> None:
     for key in data:
         if key not in allowed:
             prefix = f"{section}." if section else ""
-            raise InputError(f"{where}: unknown field {prefix + str(key)!r}{did_you_mean(str(key), allowed)}; "
+            raise InputError(f"{where}: unknown field {excerpt(prefix + str(key))}"
+                             f"{did_you_mean(str(key)[:MAX_NAME_CHARS], allowed)}; "
                              f"expected one of: {', '.join(allowed)}")
 
 
@@ -89,7 +93,26 @@ def _mapping(value: Any, where: str, field: str) -> dict:
 # ---- model and hardware references ---------------------------------------------------------------------------
 
 def _looks_like_path(text: str) -> bool:
-    return text.endswith((".yaml", ".yml")) or "/" in text
+    return text.lower().endswith((".yaml", ".yml")) or "/" in text
+
+
+def _check_ref(value: str, where: str, field: str) -> str:
+    """A model or hardware reference is data: a name (printable, at most MAX_NAME_CHARS) or a path (printable,
+    at most MAX_REF_CHARS)."""
+    if not _looks_like_path(value):
+        return check_name(value, f"{where}: field {field!r}")
+    if not value.isprintable() or len(value) > MAX_REF_CHARS:
+        raise _err(where, field, f"a path of at most {MAX_REF_CHARS:,} printable characters", value)
+    return value
+
+
+def _check_description(value: Any, where: str) -> str:
+    """Free text: printable (line breaks allowed, no other control characters), at most MAX_DESCRIPTION_CHARS."""
+    if not isinstance(value, str):
+        raise _err(where, "description", "a string", value)
+    if not value.replace("\n", " ").isprintable() or len(value) > MAX_DESCRIPTION_CHARS:
+        raise _err(where, "description", f"printable text of at most {MAX_DESCRIPTION_CHARS:,} characters", value)
+    return value
 
 
 def _resolve_ref(text: str, base: Path) -> str:
@@ -124,6 +147,7 @@ def hardware_ref_for(chip: Chip) -> str:
 
 def _load_model_field(value: Any, where: str, base: Path) -> tuple[ModelSpec, str]:
     if isinstance(value, str):
+        _check_ref(value, where, "model")
         try:
             return load_model(_resolve_ref(value, base)), value
         except InputError as e:
@@ -137,6 +161,7 @@ def _load_model_field(value: Any, where: str, base: Path) -> tuple[ModelSpec, st
 def _load_hardware_field(value: Any, where: str, base: Path) -> tuple[Chip, str]:
     if not isinstance(value, str):
         raise _err(where, "hardware", "a hardware preset name or a profile YAML path", value)
+    _check_ref(value, where, "hardware")
     try:
         return load_hardware(_resolve_ref(value, base)), value
     except InputError as e:
@@ -148,6 +173,7 @@ def _load_hardware_field(value: Any, where: str, base: Path) -> tuple[Chip, str]
 def _remat_from(value: Any, where: str) -> Remat:
     field = "plan.remat"
     if isinstance(value, str):
+        check_name(value, f"{where}: field {field!r}")
         if value.startswith("custom"):
             raise _err(where, field, "a policy name, or a mapping {policy: custom, tensors: {...}}", value)
         if value not in REMAT_POLICIES:
@@ -158,6 +184,7 @@ def _remat_from(value: Any, where: str) -> Remat:
     policy = data.get("policy", "custom")
     if not isinstance(policy, str):
         raise _err(where, field + ".policy", "a string", policy)
+    check_name(policy, f"{where}: field '{field}.policy'")
     tensors = _mapping(data.get("tensors", {}), where, field + ".tensors")
     _check_keys(tensors, TENSORS, where, field + ".tensors")
     for t, c in tensors.items():
@@ -226,16 +253,74 @@ def _check_layout(plan: Plan, chip: Chip, data: dict, where: str) -> None:
                 shown = ", ".join(f"{a}: {v}" for a, v in want.items() if v > 1) or "all 1"
                 span = "slices over DCN: data first, then pipeline, then fsdp" if key == "dcn" else "ICI"
                 raise InputError(f"{where}: field 'plan.{key}': expected {{{shown}}} (the degrees spanning {span}, "
-                                 f"derived from plan.degrees and plan.slices; fix or delete it), got {data[key]!r}")
+                                 "derived from plan.degrees and plan.slices; fix or delete it), got "
+                                 f"{excerpt(data[key])}")
 
 
 # ---- load ------------------------------------------------------------------------------------------------------
 
+def _is_json(path: Path) -> bool:
+    return path.suffix.lower() == ".json"
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InputError(f"duplicate key {excerpt(key)}")
+        out[key] = value
+    return out
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise InputError(f"integer of {len(text):,} characters (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _depth(value: Any) -> int:
+    """Nesting of lists and mappings, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def parse_json(text: str, where: str) -> Any:
+    """A .json plan file, parsed as JSON (YAML 1.1 reads json.dumps' 1e-05 as a string) with the YAML loader's
+    refusals (hardware.yamlio.StrictLoader): duplicate keys, integers over MAX_INT_DIGITS digits, nesting deeper
+    than MAX_DEPTH."""
+    try:
+        data = json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}: not valid JSON at line {e.lineno}") from None
+    except RecursionError:
+        raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
+    if _depth(data) > MAX_DEPTH:
+        raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    return data
+
+
+def read_plan_data(p: Path, where: str) -> dict[str, Any]:
+    """The top-level mapping of a plan file: hardware.fileio.read_text's checks (size, UTF-8), then JSON for a
+    .json suffix (any case) and the strict YAML loader otherwise."""
+    text = read_text(p)
+    data = parse_json(text, where) if _is_json(p) else parse_yaml(text, where)
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected a mapping of field: value at the top level")
+    return data
+
+
 def load_plan(path: str | Path, check: bool = True) -> PlanFile:
-    """Read and check a plan file (YAML or JSON, at most 1 MB, yaml.safe_load)."""
+    """Read and check a plan file (YAML or JSON, at most 1 MB; read_plan_data)."""
     p = Path(path)
-    where = str(p)
-    data = read_yaml(p)  # size limit, safe_load, one-line parse errors naming the file
+    where = shown_path(p)
+    data = read_plan_data(p, where)
     if "version" not in data:
         raise InputError(f"{where}: missing field 'version' (an integer; this planner reads version {VERSION})")
     v = data["version"]
@@ -254,9 +339,7 @@ def load_plan(path: str | Path, check: bool = True) -> PlanFile:
                         "chips": "integer", "job": "mapping", "plan": "mapping"}[f]
             raise InputError(f"{where}: missing field {f!r} ({expected})")
     base = p.resolve().parent
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise _err(where, "description", "a string", description)
+    description = _check_description(data.get("description", ""), where)
     model, model_ref = _load_model_field(data["model"], where, base)
     chip, hw_ref = _load_hardware_field(data["hardware"], where, base)
     chips = _int(data["chips"], where, "chips")
@@ -322,11 +405,11 @@ def planfile_dict(model: ModelSpec | str, hardware: Chip | str, chips: int, job:
     else:
         hw_value, chip = hardware_ref_for(hardware), hardware
         if not hw_value:
-            raise InputError(f"hardware {hardware.name!r}: a plan file names hardware by preset or profile path; "
-                             "pass the path of its profile YAML")
+            raise InputError(f"hardware {excerpt(hardware.name)}: a plan file names hardware by preset or profile "
+                             "path; pass the path of its profile YAML")
     out: dict[str, Any] = {"version": VERSION}
-    if description:
-        out["description"] = description
+    if description:  # written by this tool (it may quote a user's path): escaped, so it loads back
+        out["description"] = escape(description)[:MAX_DESCRIPTION_CHARS]
     out.update(model=model_value, hardware=hw_value, chips=chips, job=to_dict(job), plan=plan_dict(plan, chip))
     if cost is not None:
         out["predicted"] = predicted_dict(cost)
@@ -365,17 +448,17 @@ def dumps(data: dict, fmt: str = "yaml") -> str:
 
 
 def save_plan(path: str | Path, model: ModelSpec | str, chip_name: str | Chip, chips: int, job: Job, plan: Plan,
-              cost: Cost | None = None, description: str = "") -> Path:
-    """Write a plan file (JSON when the path ends in .json, else YAML). Returns the path written.
+              cost: Cost | None = None, description: str = "", flag: str = "--save") -> Path:
+    """Write a plan file (JSON when the path ends in .json, any case, else YAML), atomically through
+    hardware.fileio.write_text: an existing file is replaced whole or left unchanged. Returns the path written.
 
     model: a ModelSpec (written as its preset name when one reproduces it exactly, else inline) or the name or
-    path the user gave; chip_name: a hardware preset name or profile path (or a preset's Chip)."""
-    p = Path(path)
-    if not p.parent.is_dir():
-        raise InputError(f"{p}: folder {str(p.parent)!r} does not exist")
+    path the user gave; chip_name: a hardware preset name or profile path (or a preset's Chip); flag: the option
+    that named the path, for errors (call hardware.fileio.check_output_path with it before any search)."""
+    p = check_output_path(path, flag)
     text = dumps(planfile_dict(model, chip_name, chips, job, plan, cost, description),
-                 "json" if p.suffix == ".json" else "yaml")
-    p.write_text(text)
+                 "json" if _is_json(p) else "yaml")
+    write_text(p, text, flag)
     return p
 
 
