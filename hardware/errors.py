@@ -15,6 +15,8 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest choice, or '' when nothing is close."""
     choices = list(choices)
     name = str(name)
+    if len(name) > MAX_NAME_CHARS:  # difflib is quadratic in the length
+        return ""
     prefixed = sorted(c for c in choices if c.startswith(name) or name.startswith(c))
     if prefixed:  # 'h100' -> 'h100-sxm'; ties go to the shortest, then alphabetical ('tpu-v5' -> 'tpu-v5e')
         return f" (did you mean {min(prefixed, key=lambda c: (len(c), c))!r}?)"
@@ -25,7 +27,8 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
 def unknown(kind: str, name: str, choices: Iterable[str]) -> InputError:
     """Error for an unknown preset name, listing near names."""
     choices = sorted(choices)
-    return InputError(f"unknown {kind} {name!r}{did_you_mean(name, choices)}; expected one of: {', '.join(choices)}")
+    return InputError(f"unknown {kind} {excerpt(name)}{did_you_mean(name, choices)}; expected one of: "
+                      f"{', '.join(choices)}")
 
 
 MAX_NAME_CHARS = 128  # model, hardware and plan names; a longer one is refused when loaded

@@ -41,6 +41,8 @@ def cache_per_version(load: Callable[[str], T]) -> Callable[[str], T]:
 
 MAX_DEPTH = 32  # nesting of mappings and lists; no file the tool reads needs more than 4
 MAX_INT_DIGITS = 24  # integer literals; Python itself refuses to parse more than 4,300 digits
+MAX_NODES = 20_000  # keys and values in one file (MaxText's base.yml has about 1,500): parsing 1 MB of tiny
+# entries in pure Python takes 20-30 s
 
 
 class _Refused(Exception):
@@ -52,13 +54,18 @@ class _Refused(Exception):
 class StrictLoader(yaml.SafeLoader):
     """yaml.SafeLoader (no code execution) that also refuses what a shared file has no need of: aliases (a
     0.5 KB file of nested aliases expands to gigabytes), duplicate keys (YAML would keep the last silently),
-    nesting deeper than MAX_DEPTH (Python's recursion limit) and integers longer than MAX_INT_DIGITS."""
+    nesting deeper than MAX_DEPTH (Python's recursion limit), more than MAX_NODES values (time) and integers
+    longer than MAX_INT_DIGITS."""
 
     depth = 0
+    nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             raise _Refused("YAML aliases (*name) are not accepted; write the value out", self.peek_event().start_mark)
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES:,} values", self.peek_event().start_mark)
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
