@@ -306,3 +306,15 @@ def test_shell_words_are_bash_words_in_linear_time():
     assert time.perf_counter() - start < MAX_SECONDS
     with pytest.raises(InputError, match="quote that is not closed"):
         shell_words("--x 'open", "w")
+
+
+def test_yaml_with_too_many_values_is_refused_quickly():
+    import time
+
+    from hardware.yamlio import MAX_NODES, parse_yaml
+
+    t = time.perf_counter()
+    with pytest.raises(InputError, match=f"more than {MAX_NODES:,} values"):
+        parse_yaml("\n".join(f"k{i}: {i}" for i in range(120_000)), "f.yaml")
+    assert time.perf_counter() - t < 10
+    assert len(parse_yaml("\n".join(f"k{i}: {i}" for i in range(1_000)), "f.yaml")) == 1_000
