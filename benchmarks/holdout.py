@@ -1,6 +1,6 @@
 """Out-of-sample accuracy: refit the efficiency parameters without the rows being predicted.
 
-Two splits over the published runs (default ../shared/reference/runs_dev.csv):
+Two splits over the published runs (default data/runs/runs_dev.csv):
   k-fold:            5 folds within each chip group (rows of a fold predicted by a fit on the other four);
   leave-source-out:  every row of one source predicted by a fit on the other sources of its chip group (only
                      where a chip group has more than one source).
@@ -39,7 +39,7 @@ def predict(effs, cases):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--file", action="append", default=None)
-    files = ap.parse_args().file or [str(ROOT.parent / "shared" / "reference" / "runs_dev.csv")]
+    files = ap.parse_args().file or [str(ROOT / "data" / "runs" / "runs_dev.csv")]
     cases = [c for f in files for c in load_cases(f)[0]]
     groups: dict[str, list] = {}
     for c in cases:

@@ -1,6 +1,6 @@
 """Published-plan baseline: does the planner's suggestion beat the plan the authors ran, by the cost model's own clock?
 
-Usage: python benchmarks/published_baseline.py [--file ../shared/reference/runs_dev.csv] [--write]
+Usage: python benchmarks/published_baseline.py [--file data/runs/runs_dev.csv] [--write]
 For the MaxText v5e and v4 tables and the Megatron-LM A100 rows (Narayanan et al. 2021, PTD-P) of the runs CSV,
 the search runs on the same model, hardware, chip count, slice count, sequence length, global batch, precision
 and framework convention, and the table gives
@@ -32,7 +32,7 @@ from planner.candidates import Constraints  # noqa: E402
 from planner.solve import search  # noqa: E402
 
 SOURCES = ("maxtext2023-v5e", "maxtext2023-v4", "narayanan2021-table1", "narayanan2021-table2")
-DEFAULT_FILE = ROOT.parent / "shared" / "reference" / "runs_dev.csv"
+DEFAULT_FILE = ROOT / "data" / "runs" / "runs_dev.csv"
 
 
 def short(plan) -> str:

@@ -1,6 +1,6 @@
 """Published-run benchmark: predicted vs measured step time for every usable row of runs_dev.csv.
 
-Usage: python benchmarks/published_runs.py [--file ../shared/reference/runs_dev.csv] [--write]
+Usage: python benchmarks/published_runs.py [--file data/runs/runs_dev.csv] [--write]
 Prints a table per row and MAPE per source and hardware; --write saves benchmarks/published_runs_report.txt.
 The efficiency parameters come from `planner calibrate --file <same csv>` (hardware/calibration/*.yaml), so
 these figures are in-sample for the calibration; nothing is fitted per row.
@@ -50,7 +50,7 @@ def report(file: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--file", default=str(ROOT.parent / "shared" / "reference" / "runs_dev.csv"))
+    ap.add_argument("--file", default=str(ROOT / "data" / "runs" / "runs_dev.csv"))
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     text = report(Path(args.file))
