@@ -11,7 +11,7 @@ from cli import options as o
 from cli.main import app
 from cli.render import plan_dict, plan_summary, print_cost, print_json
 from costmodel.estimate import estimate as estimate_cost
-from hardware.errors import InputError
+from hardware.errors import InputError, shown_path
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the cost model against measurements.")
 app.add_typer(bench_app, name="bench")
@@ -59,6 +59,10 @@ def estimate(
     from cli.plan_cmds import resolve_source
     from planner.planfile import save_plan
 
+    if save_plan_to:  # before any work: a bad path fails at once
+        from hardware.fileio import check_output_path
+
+        check_output_path(save_plan_to, "--save-plan")
     flags = dict(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
                  slices=slices, vocab_tiles=vocab_tiles)
     pf = resolve_source(plan_file, from_maxtext, from_megatron, hardware, chips, model, required=False)
@@ -89,7 +93,8 @@ def estimate(
     o.positive("--chips", chips)
     cost = estimate_cost(m, chip, job, plan, chips)
     if save_plan_to:
-        save_plan(save_plan_to, model if (model and pf is None) else m, hw_ref, chips, job, plan, cost)
+        save_plan(save_plan_to, model if (model and pf is None) else m, hw_ref, chips, job, plan, cost,
+                  flag="--save-plan")
     if as_json:
         print_json({"model": m.name, "hardware": chip.name, "chips": chips, "plan": plan_dict(plan), **cost.to_dict()})
         return
@@ -172,9 +177,14 @@ def bench_published(
 @app.command()
 def calibrate(
     file: list[str] = typer.Option(None, "--file", "-f", help="CSV(s) in the runs_dev.csv schema with measured step "
-                                   "times; repeat to combine files (fits hardware/calibration/NAME.yaml)."),
+                                   "times; repeat to combine files. Prints the fit; writes nothing unless "
+                                   "--write-shipped or --overlay-dir is given."),
     hardware: list[str] = typer.Option(None, "--hardware", "-H", help="Only these presets (default: all in file); "
                                        "with --out, the one profile to calibrate."),
+    write_shipped: bool = typer.Option(False, "--write-shipped", help="With --file: replace the shipped overlays "
+                                       "hardware/calibration/NAME.yaml with the fit (atomically)."),
+    overlay_dir: str = typer.Option(None, "--overlay-dir", help="With --file: write the overlays NAME.yaml into "
+                                    "this existing folder instead of the shipped one."),
     out: str = typer.Option("", "--out", help="Instead of published runs: run a validator plan set on the JAX "
                             "devices here, fit the profile to their step times and write it to this file."),
     plan_set: str = typer.Option("cpu8", "--set", help="With --out: the plan set (quick, cpu8, single)."),
@@ -185,36 +195,69 @@ def calibrate(
     seq_len: int = typer.Option(128, "--seq-len", help="With --out: sequence length of the scaled-down jobs."),
     fast_compile: bool = typer.Option(False, "--fast-compile/--full-opt",
                                       help="With --out: XLA backend optimisation level 0 (CPU)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fit without writing the overlay."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fit without writing an overlay (the default "
+                                 "with --file; kept for scripts)."),
     as_json: bool = o.JSON,
 ) -> None:
-    """Fit each chip's efficiency parameters to measured runs and write hardware/calibration/NAME.yaml; or, with
-    --out, to step times measured here by running a validator plan set (planner validate) and write that profile."""
+    """Fit each chip's efficiency parameters to measured runs and print them (--write-shipped replaces
+    hardware/calibration/NAME.yaml); or, with --out, fit to step times measured here by running a validator plan set
+    (planner validate) and write that profile."""
     if out:
-        if file:
-            raise InputError("--out: runs the validator's plan set on this machine; leave out --file (published "
-                             "runs are fitted without --out, into hardware/calibration/NAME.yaml)")
-        if not hardware or len(hardware) != 1:
-            raise InputError("--hardware: expected exactly one profile to calibrate with --out, e.g. -H cpu-host")
-        from cli.validate_cmds import calibrate_on_devices
-        from planner.validate.scale import Scale
-
-        scale = Scale(d_model=o.positive("--d-model", d_model), n_layers=o.positive("--layers", layers),
-                      seq_len=o.positive("--seq-len", seq_len))
-        return calibrate_on_devices(hardware[0], out, plan_set, o.positive("--devices", devices),
-                                    o.positive("--steps", steps), scale, fast_compile, as_json)
+        return _calibrate_here(out, file, hardware, write_shipped, overlay_dir, plan_set, devices, steps, d_model,
+                               layers, seq_len, fast_compile, as_json)
     if not file:
         raise InputError("--file: expected a CSV of measured runs (runs_dev.csv schema), or --out FILE to calibrate "
                          "on this machine's devices")
     from costmodel.calibrate import calibrate_all
 
-    fits = list(calibrate_all(file, hardware or None, write=not dry_run))
+    directory, flag = _overlay_target(write_shipped, overlay_dir, dry_run)
+    fits = list(calibrate_all(file, hardware or None, directory, flag))
     if as_json:
         return print_json([{"hardware": name, "rows": stats["rows"], "mape_pct": stats["mape_pct"],
                             "worst_pct": stats["worst_pct"], "eff": dict(eff.__dict__),
                             "written": str(path) if path else None} for name, eff, stats, path in fits])
     for name, eff, stats, path in fits:
         vals = ", ".join(f"{k}={v:.3g}" for k, v in eff.__dict__.items())
-        where = f" -> {path}" if path else ""
+        where = f" -> {shown_path(path, 1000)}" if path else ""
         typer.echo(f"{name}: {stats['rows']} rows, MAPE {stats['mape_pct']:.1f}%, worst {stats['worst_pct']:.1f}%"
                    f"  [{vals}]{where}")
+
+
+def _overlay_target(write_shipped: bool, overlay_dir: str | None, dry_run: bool):
+    """(folder the overlays go to or None, its flag): the shipped overlays only when --write-shipped asks."""
+    from pathlib import Path
+
+    from hardware.catalog import CALIBRATION_DIR
+
+    given = [f for f, v in (("--write-shipped", write_shipped), ("--overlay-dir", overlay_dir),
+                            ("--dry-run", dry_run)) if v]
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)}: give only one of them")
+    if overlay_dir is not None and not Path(overlay_dir).is_dir():
+        raise InputError(f"--overlay-dir {shown_path(overlay_dir)}: expected an existing folder")
+    if write_shipped:
+        return CALIBRATION_DIR, "--write-shipped"
+    return (Path(overlay_dir), "--overlay-dir") if overlay_dir is not None else (None, "")
+
+
+def _calibrate_here(out: str, file: list[str] | None, hardware: list[str] | None, write_shipped: bool,
+                    overlay_dir: str | None, plan_set: str, devices: int, steps: int, d_model: int, layers: int,
+                    seq_len: int, fast_compile: bool, as_json: bool) -> None:
+    """calibrate --out: the validator's plan set run here (cli.validate_cmds); --out is checked before the run."""
+    if file:
+        raise InputError("--out: runs the validator's plan set on this machine; leave out --file (published "
+                         "runs are fitted without --out)")
+    if write_shipped or overlay_dir is not None:
+        raise InputError(f"--out and {'--write-shipped' if write_shipped else '--overlay-dir'}: --out writes one "
+                         "profile measured here; the overlays come from --file")
+    if not hardware or len(hardware) != 1:
+        raise InputError("--hardware: expected exactly one profile to calibrate with --out, e.g. -H cpu-host")
+    from cli.validate_cmds import calibrate_on_devices
+    from hardware.fileio import check_output_path
+    from planner.validate.scale import Scale
+
+    check_output_path(out, "--out")
+    scale = Scale(d_model=o.positive("--d-model", d_model), n_layers=o.positive("--layers", layers),
+                  seq_len=o.positive("--seq-len", seq_len))
+    return calibrate_on_devices(hardware[0], out, plan_set, o.positive("--devices", devices),
+                                o.positive("--steps", steps), scale, fast_compile, as_json)

@@ -18,7 +18,7 @@ from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import AXES, Plan
 from hardware.chip import Chip
-from hardware.errors import InputError
+from hardware.errors import InputError, shown_path
 
 GIB = 2**30
 BAR = 30  # characters of the text waterfall and memory bars
@@ -267,7 +267,7 @@ def plot(
                                            precision, framework, vocab_tiles, weight_dtype)
     ex = explain_plan(m, chip, job, plan, n, with_what_ifs=False)
     path = plot_explanation(ex, out)
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {shown_path(path, 1000)}")
 
 
 # ---- sweep ------------------------------------------------------------------------------------------------
@@ -304,52 +304,47 @@ def sweep(
     vary: list[str] = typer.Option(..., "--vary", "-v",
                                    help="VARIABLE=VALUES, once or twice. Variables: chips, global_batch, seq_len, "
                                         "model, hardware. Values: a list (256,512) or a range start:stop:xF "
-                                        "(geometric) or start:stop:+S."),
+                                        "(geometric) or start:stop:+S. At most 2000 points in all."),
     model: str = typer.Option(None, "--model", "-m", help="Model (unless varied): preset, YAML path or size."),
-    hardware: str = typer.Option("tpu-v5p", "--hardware", "-H", help="Hardware preset or profile (unless varied)."),
+    hardware: str = typer.Option(None, "--hardware", "-H",
+                                 help="Hardware preset or profile (unless varied) [tpu-v5p]."),
     chips: int = typer.Option(None, "--chips", "-n", help="Number of chips (unless varied)."),
     global_batch: int = typer.Option(None, "--global-batch", "-b",
                                      help="Sequences per step (unless varied); default about 4M tokens per point."),
-    seq_len: int = o.SEQ_LEN,
+    seq_len: int = typer.Option(None, "--seq-len", "-s", help="Sequence length in tokens (unless varied) [4096]."),
     precision: str = o.PRECISION,
     framework: str = o.FRAMEWORK,
     out: str = typer.Option(None, "--out", "-o", help="Write the rows to a .csv (or .parquet, with pyarrow) file."),
     plot_path: str = typer.Option(None, "--plot", help="Also draw MFU, step time, degrees and headroom (.png/.svg/"
                                                        ".pdf)."),
-    workers: int = typer.Option(None, "--workers", help="Processes (default: all cores above 8 points)."),
+    workers: int = typer.Option(None, "--workers", help="Processes, at most 256 (default: all cores above 8 "
+                                                        "points)."),
     as_json: bool = o.JSON,
 ) -> None:
     """The planner's best plan at each point of a grid over one or two variables, as a table, file and plot."""
-    from planner.sweep import SweepBase, check_table_path, parse_vary, points, write_table
+    from planner.sweep import MAX_WORKERS, SweepBase, parse_vary, points
 
+    _check_sweep_outputs(out, plot_path)
     axes = [parse_vary(v) for v in vary]
     for name, v in (("--chips", chips), ("--global-batch", global_batch), ("--seq-len", seq_len),
                     ("--workers", workers)):
         if v is not None:
             o.positive(name, v)
+    if workers is not None and workers > MAX_WORKERS:
+        raise InputError(f"--workers: expected at most {MAX_WORKERS}, got {workers:,}")
+    given = {"model": model, "hardware": hardware, "chips": chips, "global_batch": global_batch, "seq_len": seq_len}
+    hardware, seq_len = hardware or "tpu-v5p", seq_len or 4096
     Job(seq_len=seq_len, global_batch=global_batch or 1, precision=precision, framework=framework)  # validate
-    if out:
-        check_table_path(out, "--out")
-    if plot_path:
-        from planner.plots import check_figure_path
-
-        check_figure_path(plot_path, "--plot")
     base = SweepBase(model=model or "", hardware=hardware, chips=chips, global_batch=global_batch, seq_len=seq_len,
                      precision=precision, framework=framework)
     if model:
         from costmodel.catalog import load_model
 
         load_model(model)
-    pts = points(base, axes)
+    pts = points(base, axes, given)
     rows = _run_with_progress(pts, workers)
     varied = [a.name for a in axes]
-    if out:
-        write_table(rows, out)
-    if plot_path:
-        from planner.plots import plot_sweep
-
-        title = f"{model or 'models'} on {hardware}: best plan per point"
-        plot_sweep(rows, varied[0], varied[1] if len(varied) > 1 else None, plot_path, title=title)
+    _write_sweep(rows, varied, out, plot_path, f"{model or 'models'} on {hardware}: best plan per point")
     if as_json:
         print_json({"varied": varied, "rows": rows, "out": out, "plot": plot_path})
         return
@@ -358,6 +353,28 @@ def sweep(
     for p, what in ((out, "rows"), (plot_path, "figure")):
         if p:
             console.print(f"wrote {what} to {escape(str(p))}")
+
+
+def _check_sweep_outputs(out: str | None, plot_path: str | None) -> None:
+    """--out and --plot can be written (extension, folder, not a folder or device): checked before any work."""
+    from planner.plots import check_figure_path
+    from planner.sweep import check_table_path
+
+    if out:
+        check_table_path(out, "--out")
+    if plot_path:
+        check_figure_path(plot_path, "--plot")
+
+
+def _write_sweep(rows: list[dict], varied: list[str], out: str | None, plot_path: str | None, title: str) -> None:
+    """The rows to --out and the figure to --plot, each written atomically."""
+    from planner.plots import plot_sweep
+    from planner.sweep import write_table
+
+    if out:
+        write_table(rows, out, "--out")
+    if plot_path:
+        plot_sweep(rows, varied[0], varied[1] if len(varied) > 1 else None, plot_path, title=title)
 
 
 def _run_with_progress(pts: list[dict], workers: int | None) -> list[dict]:

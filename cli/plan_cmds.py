@@ -8,7 +8,8 @@ import typer
 
 from cli.main import app
 from costmodel.estimate import estimate as estimate_cost
-from hardware.errors import InputError, unknown
+from hardware.errors import InputError, escape, unknown
+from hardware.fileio import check_output_path, write_text
 from planner.export import FORMATS, write_export
 from planner.import_configs import import_config
 from planner.planfile import PlanFile, load_plan, planfile_text
@@ -55,16 +56,13 @@ def export_cmd(
     if fmt not in FORMATS:
         raise unknown("export format", fmt, FORMATS)
     if out is not None:
-        from pathlib import Path
-
-        if not Path(out).parent.is_dir():
-            raise InputError(f"--out {out}: folder {str(Path(out).parent)!r} does not exist")
+        check_output_path(out, "--out")
     pf = load_plan(plan)
     text = write_export(pf, fmt, out, warn)
     if out is None:
         sys.stdout.write(text)
     else:
-        typer.echo(f"wrote {out} ({fmt})", err=True)
+        typer.echo(f"wrote {escape(out)} ({fmt})", err=True)
 
 
 @app.command("import")
@@ -82,15 +80,13 @@ def import_cmd(
     """Build a plan file from an existing MaxText config or Megatron-LM command line."""
     if not (from_maxtext or from_megatron):
         raise InputError("give --from-maxtext FILE or --from-megatron FILE")
-    from pathlib import Path
-
-    if out is not None and not Path(out).parent.is_dir():
-        raise InputError(f"--out {out}: folder {str(Path(out).parent)!r} does not exist")
+    if out is not None:
+        check_output_path(out, "--out")
     pf = resolve_source(None, from_maxtext, from_megatron, hardware, chips, model)
     cost = estimate_cost(pf.model, pf.hardware, pf.job, pf.plan, pf.chips)
-    text = planfile_text(pf, "json" if out and out.endswith(".json") else "yaml", cost)
+    text = planfile_text(pf, "json" if out and out.lower().endswith(".json") else "yaml", cost)
     if out is None:
         sys.stdout.write(text)
     else:
-        Path(out).write_text(text)
-        typer.echo(f"wrote {out}", err=True)
+        write_text(out, text, "--out")
+        typer.echo(f"wrote {escape(out)}", err=True)

@@ -174,6 +174,16 @@ def export_conventions(cons: Constraints, export: str | None, framework: str | N
     return cons, export
 
 
+def check_outputs(save: str | None, out: str | None) -> None:
+    """--save and --out can be written (hardware.fileio.check_output_path) and are two files: checked before the
+    search, so a bad path fails at once rather than after it."""
+    from hardware.fileio import check_output_path
+
+    paths = [check_output_path(p, flag).resolve() for p, flag in ((save, "--save"), (out, "--out")) if p]
+    if len(paths) == 2 and paths[0] == paths[1]:
+        raise InputError("--save and --out: name the same file; give two different paths")
+
+
 def check_export_args(export: str | None, out: str | None, as_json: bool) -> None:
     """--out only with --export, a known export format, and --out with --json (stdout stays one JSON object)."""
     if export is None:
@@ -230,6 +240,8 @@ def suggest(
     m, chip = o.resolve(model, hardware)
     o.positive("--chips", chips)
     o.positive("--seq-len", seq_len)
+    check_export_args(export, out, as_json)
+    check_outputs(save, out)
     if global_batch is not None and tokens_per_batch is not None:
         raise InputError("--global-batch and --tokens-per-batch: give one of them, not both")
     cons, framework = export_conventions(parse_fix(fix, max_tp, slices), export, framework, precision)
@@ -242,7 +254,6 @@ def suggest(
         global_batch, note = default_batch_for(m, chip, chips, seq_len, precision, framework, cons,
                                                parse_tokens(tokens_per_batch))
     job = o.make_job(seq_len, global_batch, precision, framework)
-    check_export_args(export, out, as_json)
     from costmodel.goodput import parse_count
 
     budget = None if train_tokens is None else parse_count(train_tokens, "--train-tokens")
@@ -264,7 +275,7 @@ def suggest(
         from planner.planfile import save_plan
 
         save_plan(save, model, hardware, chips, job, best.plan, best.cost,
-                  description=f"planner suggest: best of {result.stats.candidates} mesh candidates")
+                  description=f"planner suggest: best of {result.stats.candidates} mesh candidates", flag="--save")
     if export:
         from planner.export import write_export
         from planner.planfile import PlanFile

@@ -2,8 +2,9 @@
 
 Robust least squares (scipy, soft-L1 loss) on log(predicted / measured), within physical bounds, with a weak
 pull towards the defaults so that a parameter the data cannot see stays where it was. Nothing is fitted per
-run: one set of <= 9 numbers per chip. The result is written as an overlay (hardware/calibration/NAME.yaml)
-that the catalog applies on top of the sourced profile.
+run: one set of <= 9 numbers per chip. The result is an overlay (hardware/calibration/NAME.yaml) that the
+catalog applies on top of the sourced profile, written only when asked (`planner calibrate --write-shipped`, or
+`--overlay-dir DIR` for a copy elsewhere).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from costmodel.estimate import estimate
 from costmodel.published import Case
 from hardware.catalog import CALIBRATION_DIR
 from hardware.chip import Chip, Efficiency
-from hardware.errors import InputError
+from hardware.errors import InputError, excerpt, shown_path, unknown
+from hardware.fileio import check_output_path, write_text
 
 # name: (lower, upper, prior scale) - physical bounds of each efficiency parameter
 BOUNDS: dict[str, tuple[float, float, float]] = {
@@ -76,10 +78,9 @@ def fit(chip: Chip, cases: list[Case], names: list[str] | None = None) -> tuple[
     return best.eff, stats
 
 
-def write_overlay(chip_name: str, eff: Efficiency, stats: dict[str, float], source: str,
-                  directory: Path = CALIBRATION_DIR) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{chip_name}.yaml"
+def overlay_text(chip_name: str, eff: Efficiency, stats: dict[str, float], source: str) -> str:
+    """The overlay YAML: statistics to 2 decimals and parameters to 4, so that a refit on the same rows writes
+    the same bytes."""
     doc = {
         "chip": chip_name,
         "fitted_on": source,
@@ -89,8 +90,18 @@ def write_overlay(chip_name: str, eff: Efficiency, stats: dict[str, float], sour
         "eff": {k: round(float(v), 4) for k, v in eff.__dict__.items()},
     }
     header = "# Written by `planner calibrate`; do not edit by hand. Efficiency overlay for the sourced profile.\n"
-    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+def overlay_path(chip_name: str, directory: Path = CALIBRATION_DIR) -> Path:
+    return Path(directory) / f"{chip_name}.yaml"
+
+
+def write_overlay(chip_name: str, eff: Efficiency, stats: dict[str, float], source: str,
+                  directory: Path = CALIBRATION_DIR, flag: str = "--write-shipped") -> Path:
+    """Write NAME.yaml in `directory` atomically (hardware.fileio.write_text): a failed write leaves the old
+    overlay as it was."""
+    return write_text(overlay_path(chip_name, directory), overlay_text(chip_name, eff, stats, source), flag)
 
 
 # Chips with the same silicon share one fit of the chip parameters (their rows differ only in HBM capacity).
@@ -104,44 +115,77 @@ PER_MEMBER = ("net",)
 BORROWERS = {"h100-sxm": ("h200", "b200")}
 
 
-def calibrate_all(files: str | list[str], only: list[str] | None = None, write: bool = True):
-    """Fit every chip (or group of chips) that has rows in `files`; yield (name, eff, stats, overlay path)."""
-    from costmodel.published import load_cases
-    from hardware.catalog import load_hardware, preset_names, with_calibration
+def calibrate_all(files: str | list[str], only: list[str] | None = None, directory: Path | None = None,
+                  flag: str = "--write-shipped"):
+    """Fit every chip (or group of chips) that has rows in `files`; yield (name, eff, stats, overlay paths).
+    Overlays are written (atomically) into `directory` only when one is given - hardware/calibration
+    (CALIBRATION_DIR) is the shipped one; every path is checked before the first fit. No usable row is an
+    InputError."""
+    from hardware.catalog import with_calibration
 
     files = [files] if isinstance(files, str) else list(files)
-    cases = [c for f in files for c in load_cases(f)[0]]
-    file = "+".join(Path(f).name for f in files)
-    if only:
-        for name in only:
-            if name not in preset_names():
-                from hardware.errors import unknown
-
-                raise unknown("hardware", name, preset_names())
-        cases = [c for c in cases if c.chip.name in only]
-    groups: dict[str, list[Case]] = {}
-    for c in cases:
-        groups.setdefault(CALIBRATION_GROUPS.get(c.chip.name, c.chip.name), []).append(c)
-    for _group, cs in sorted(groups.items()):
-        members = sorted({c.chip.name for c in cs})
-        base = load_hardware(members[0])
-        # Start from the defaults so that a refit does not depend on the previous overlay.
-        base = replace(base, eff=Efficiency())
-
-        def strip(c: Case, _b=base) -> Case:
-            chip = replace(c.chip, eff=_b.eff)
-            return replace(c, chip=chip)
-
-        cs = [strip(c) for c in cs]
+    groups = _groups(files, only)
+    source = "+".join(Path(f).name for f in files)
+    if directory is not None:
+        for members in groups:
+            for name in _overlay_names(members):
+                check_output_path(overlay_path(name, directory), flag)
+    for members, cs in groups.items():
         effs, stats = _fit_group(cs)
-        eff = effs[members[0]]
-        paths = [write_overlay(m, effs[m], stats, file) if write else None for m in members]
-        for lender in members:
-            for borrower in BORROWERS.get(lender, ()):
-                if write and borrower not in members:
-                    paths.append(write_overlay(borrower, eff, stats, f"{file} (borrowed from {lender})"))
+        paths = [] if directory is None else _write_group(members, effs, stats, source, directory, flag)
         with_calibration.cache_clear()
-        yield "+".join(members), eff, stats, ", ".join(str(p) for p in paths if p)
+        yield "+".join(members), effs[members[0]], stats, ", ".join(str(p) for p in paths)
+
+
+def _groups(files: list[str], only: list[str] | None) -> dict[tuple[str, ...], list[Case]]:
+    """The usable rows of `files` (of the `only` presets), by calibration group (sorted member names), each case's
+    chip reset to the default efficiencies so that a refit does not depend on the previous overlay."""
+    from costmodel.published import load_cases
+    from hardware.catalog import preset_names
+
+    for name in only or ():
+        if name not in preset_names():
+            raise unknown("hardware", name, preset_names())
+    loaded = [load_cases(f) for f in files]
+    cases = [c for cs, _ in loaded for c in cs if not only or c.chip.name in only]
+    if not cases:
+        raise InputError(_no_rows(files, only, {k: v for _, sk in loaded for k, v in sk.items()}))
+    by_group: dict[str, list[Case]] = {}
+    for c in cases:
+        by_group.setdefault(CALIBRATION_GROUPS.get(c.chip.name, c.chip.name), []).append(c)
+    out = {}
+    for _, cs in sorted(by_group.items()):
+        members = tuple(sorted({c.chip.name for c in cs}))
+        out[members] = [replace(c, chip=replace(c.chip, eff=Efficiency())) for c in cs]
+    return out
+
+
+def _no_rows(files: list[str], only: list[str] | None, skipped: dict[str, str]) -> str:
+    """The one-line reason nothing can be fitted: which file, which presets, how many rows were skipped and why."""
+    where = f"--file {shown_path(' + '.join(files))}"
+    which = f" for --hardware {', '.join(only)}" if only else ""
+    if not skipped:
+        return f"{where}: no usable row{which}; expected rows in the runs_dev.csv schema with measured step times"
+    first_id, first = next(iter(skipped.items()))
+    return (f"{where}: no usable row{which} ({len(skipped):,} skipped, e.g. {excerpt(first_id, 40)}: "
+            f"{excerpt(first, 120)})")
+
+
+def _overlay_names(members: tuple[str, ...]) -> list[str]:
+    """The overlays a group's fit writes: its members, and the chips that borrow from them (BORROWERS)."""
+    return [*members, *(b for m in members for b in BORROWERS.get(m, ()) if b not in members)]
+
+
+def _write_group(members: tuple[str, ...], effs: dict[str, Efficiency], stats: dict[str, float], source: str,
+                 directory: Path, flag: str) -> list[Path]:
+    """Each member's overlay, then the borrowers' (marked as borrowed from their lender)."""
+    paths = [write_overlay(m, effs[m], stats, source, directory, flag) for m in members]
+    for lender in members:
+        for borrower in BORROWERS.get(lender, ()):
+            if borrower not in members:
+                paths.append(write_overlay(borrower, effs[members[0]], stats,
+                                           f"{source} (borrowed from {lender})", directory, flag))
+    return paths
 
 
 def _fit_group(cases: list[Case]) -> tuple[dict[str, Efficiency], dict[str, float]]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from costmodel.constraints import check_plan
 from costmodel.estimate import estimate
-from hardware.errors import InputError, unknown
+from hardware.errors import unknown
+from hardware.fileio import check_output_path, write_text
 from planner.adapt import Adapted, cost_comparison
 from planner.export_maxtext import maxtext_text
 from planner.export_megatron import megatron_text
@@ -69,17 +70,13 @@ def export(pf: PlanFile, fmt: str, warn: Callable[[str], None] | None = _stderr)
     return res.text
 
 
-def write_export(pf: PlanFile, fmt: str, out: str | None, warn: Callable[[str], None] | None = _stderr) -> str:
-    """Export and write to `out` (a missing folder is an InputError); returns the text."""
-    from pathlib import Path
-
+def write_export(pf: PlanFile, fmt: str, out: str | None, warn: Callable[[str], None] | None = _stderr,
+                 flag: str = "--out") -> str:
+    """Export and write to `out`: the path is checked before the export is built, and the file written atomically
+    (hardware.fileio), so a failure leaves an existing file as it was. Returns the text."""
     if out is not None:
-        p = Path(out)
-        if not p.parent.is_dir():
-            raise InputError(f"--out {out}: folder {str(p.parent)!r} does not exist")
-        if p.is_dir():
-            raise InputError(f"--out {out}: is a folder; give a file path")
+        check_output_path(out, flag)
     text = export(pf, fmt, warn)
     if out is not None:
-        Path(out).write_text(text)
+        write_text(out, text, flag)
     return text

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hardware.errors import InputError
+from hardware.errors import InputError, excerpt
+from hardware.fileio import atomic_path, check_output_path
 
 if TYPE_CHECKING:
     from planner.explain import Explanation
@@ -26,13 +27,13 @@ MEMORY_COLORS = {"weights": "#4C72B0", "gradients": "#55A868", "optimizer": "#93
 
 
 def check_figure_path(path: str | Path, flag: str = "--plot") -> Path:
-    """The figure path, or InputError if its folder does not exist or its extension is not png/svg/pdf."""
+    """The figure path, or InputError: extension not png/svg/pdf, or a path that cannot be written
+    (hardware.fileio.check_output_path: missing folder, a folder, a device, an unwritable folder)."""
     p = Path(path)
     if p.suffix.lower() not in FORMATS:
-        raise InputError(f"{flag}: {str(path)!r} must end in {', '.join(FORMATS)} (the format follows the extension)")
-    if not p.parent.is_dir():
-        raise InputError(f"{flag}: folder {str(p.parent)!r} does not exist")
-    return p
+        raise InputError(f"{flag}: {excerpt(str(path))} must end in {', '.join(FORMATS)} (the format follows the "
+                         "extension)")
+    return check_output_path(p, flag)
 
 
 def _pyplot():
@@ -48,9 +49,13 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path | None) -> None:
-    if path is not None:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+def _save(fig, path: Path | None, flag: str) -> None:
+    """Save to a temporary file beside `path`, renamed over it when complete (hardware.fileio.atomic_path); the
+    format is the target's extension."""
+    if path is None:
+        return
+    with atomic_path(path, flag) as tmp:
+        fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=120, bbox_inches="tight")
 
 
 # ---- one plan --------------------------------------------------------------------------------------------
@@ -118,8 +123,10 @@ def plot_explanation(ex: Explanation, path: str | Path) -> Path:
     p = check_figure_path(path, "--out")
     plt = _pyplot()
     fig = draw_explanation(ex)
-    _save(fig, p)
-    plt.close(fig)
+    try:
+        _save(fig, p, "--out")
+    finally:
+        plt.close(fig)
     return p
 
 
@@ -200,6 +207,8 @@ def plot_sweep(rows: list[dict], x: str, series: str | None, path: str | Path, t
     p = check_figure_path(path, "--plot")
     plt = _pyplot()
     fig = draw_sweep(rows, x, series, title=title)
-    _save(fig, p)
-    plt.close(fig)
+    try:
+        _save(fig, p, "--plot")
+    finally:
+        plt.close(fig)
     return p
