@@ -9,7 +9,7 @@ from rich.table import Table
 
 from cli import options as o
 from cli.main import app
-from cli.render import plan_dict, plan_summary, print_cost, print_json
+from cli.render import plan_dict, plan_summary, print_cost, print_json, shown
 from costmodel.estimate import estimate as estimate_cost
 from hardware.errors import InputError, shown_path
 
@@ -149,6 +149,10 @@ def bench_published(
     from costmodel.published import evaluate, load_cases, mape
 
     cases, skipped = load_cases(file)
+    if not cases:
+        first = next(iter(skipped.items()), None)
+        raise InputError(f"--file {shown_path(file)}: no usable row ({len(skipped)} skipped"
+                         + (f"; {first[0]}: {first[1]}" if first else "") + ")")
     rows = evaluate(cases) + [{"id": k, "skipped": v} for k, v in skipped.items()]
     summary = mape(rows)
     if as_json:
@@ -160,9 +164,10 @@ def bench_published(
         t.add_column(c, justify="right" if c != "id" else "left")
     for r in rows:
         if "skipped" in r:
-            t.add_row(r["id"], "", "", "", "skipped: " + r["skipped"], "", "", "")
+            t.add_row(shown(r["id"]), "", "", "", "skipped: " + shown(r["skipped"]), "", "", "")
         else:
-            t.add_row(r["id"], r["hardware"], f"{r['predicted_step_time_s']:.3f}", f"{r['measured_step_time_s']:.3f}",
+            t.add_row(shown(r["id"]), shown(r["hardware"]), f"{r['predicted_step_time_s']:.3f}",
+                      f"{r['measured_step_time_s']:.3f}",
                       f"{r['error_pct']:+.1f}", f"{r['predicted_peak_memory_bytes'] / 2**30:.1f}",
                       f"{r['predicted_fit_memory_bytes'] / 2**30:.1f}", str(r["fits"]))
     console.print(t)

@@ -27,8 +27,8 @@ def one_line(message: str) -> str:
 
 
 def main() -> None:
-    _register()
     try:
+        _register()
         from cli.options import repeated_option
 
         if twice := repeated_option(typer.main.get_command(app), sys.argv[1:]):
@@ -54,5 +54,7 @@ def main() -> None:
             typer.echo(f"error: {one_line(e.format_message())}", err=True)
             sys.exit(2)
         raise
+    if code == 130:  # typer turns Ctrl-C inside a command into Exit(130)
+        typer.echo("error: interrupted", err=True)
     if isinstance(code, int) and code:
         sys.exit(code)

@@ -65,6 +65,7 @@ def atomic_path(path: str | Path, flag: str = "output") -> Iterator[Path]:
     try:
         yield tmp
         _keep_mode(p, tmp)
+        _sync(tmp)
         os.replace(tmp, p)
     except OSError as e:
         raise InputError(f"{flag} {shown_path(p)}: cannot write ({e.strerror or e}); the file is unchanged") \
@@ -72,6 +73,15 @@ def atomic_path(path: str | Path, flag: str = "output") -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _sync(path: Path) -> None:
+    """Flush the written file to disk before the rename, so that a crash leaves the old file or the new one."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _keep_mode(target: Path, tmp: Path) -> None:
@@ -85,10 +95,8 @@ def _keep_mode(target: Path, tmp: Path) -> None:
 
 
 def write_text(path: str | Path, text: str, flag: str = "output") -> Path:
-    """Write `text` (UTF-8) to `path` atomically (see atomic_path), fsynced before the rename."""
+    """Write `text` (UTF-8) to `path` atomically (see atomic_path)."""
     with atomic_path(path, flag) as tmp:
         with tmp.open("w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
     return Path(path)

@@ -423,12 +423,12 @@ def test_suggest_export_megatron_bad_pins_exit_2(args, msg):
     assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0]
 
 
-def test_suggest_export_megatron_infeasible_tips_keep_megatron_limits():
+def test_suggest_export_megatron_infeasible_tips_keep_megatron_limits(tmp_path):
     # Nothing Megatron runs fits llama3-70b on 8 H100: the reason names the framework's limits, the tips are
     # checked under them (the chip count it names has a Megatron plan), and Megatron's own limits (fsdp=1, ...)
     # are not offered as pins to drop.
     r = cli("--model", "llama3-70b", "--chips", "8", "--hardware", "h100-sxm", "--export", "megatron", "--json",
-            "--out", "/dev/null")
+            "--out", str(tmp_path / "args.sh"))
     assert r.returncode == 1
     inf = json.loads(r.stdout)["infeasible"]
     assert "framework's remat policies" in inf["reason"]
@@ -436,7 +436,7 @@ def test_suggest_export_megatron_infeasible_tips_keep_megatron_limits():
     tip = next(t for t in inf["suggestions"] if "--chips" in t)
     more = tip.split("--chips ")[1].split()[0]
     r = cli("--model", "llama3-70b", "--chips", more, "--hardware", "h100-sxm", "--export", "megatron", "--json",
-            "--out", "/dev/null", "--top", "1")
+            "--out", str(tmp_path / "args.sh"), "--top", "1")
     assert r.returncode == 0 and json.loads(r.stdout)["plans"][0]["degrees"]["fsdp"] == 1
 
 
