@@ -7,7 +7,8 @@ Row conventions (from RUNS_SCHEMA.md; no per-row numbers are invented here):
     those runs) and global_batch / (dp*fsdp*ep*micro_batch) otherwise. A missing micro_batch (Megatron 2021
     Table 1) is taken as 1, the value of the paper's weak-scaling runs' smallest memory footprint.
   - framework: maxtext and palm -> 'maxtext'; mosaic (llm-foundry, FSDP amp_bf16) -> 'pytorch-fsdp';
-    megatron and nemo -> 'megatron'; deepspeed -> 'deepspeed' (see costmodel.job.Job).
+    megatron and nemo -> 'megatron'; deepspeed -> 'deepspeed' (see costmodel.job.Job); torchtitan and nanotron
+    as FRAMEWORK_CONVENTION says. Any other value (or none) skips the row, naming the supported ones.
   - sequence parallelism: Megatron-LM 2021 (Narayanan et al.) predates it; every other tp > 1 run uses it.
   - remat 'custom': tensor choices from the notes ('remat custom: a=offload, ...'); PaLM's own scheme (no
     such list) is costed as 'full', the closest policy.
@@ -32,8 +33,17 @@ from hardware.errors import MAX_NAME_CHARS, InputError, check_name, excerpt, sho
 from hardware.fileio import MAX_TABLE_BYTES, read_text
 
 # Source framework -> our framework convention (costmodel.job.Job.framework).
+#   torchtitan -> pytorch-fsdp: FSDP2 (torch.distributed fully_shard) keeps the sharded parameters, gradients and
+#     Adam moments in fp32 and computes in bf16 (MixedPrecisionPolicy param_dtype bfloat16, reduce_dtype float32),
+#     the layout of llm-foundry's FSDP amp_bf16 runs (pytorch/torchtitan apply_fsdp: fully_shard with
+#     MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32); data/runs/SOURCES_gpu.md section 2).
+#   nanotron -> megatron: bf16 parameters with fp32 gradient accumulation and fp32 master weights and moments
+#     (ZeRO-1 shards the optimizer state), Megatron-style tp (tp_mode REDUCE_SCATTER = sequence parallel) and 1F1B
+#     pipelining (huggingface/nanotron configs: dtype bfloat16, accumulate_grad_in_fp32; data/runs/SOURCES_gpu.md
+#     section 1).
 FRAMEWORK_CONVENTION = {"maxtext": "maxtext", "palm": "maxtext", "other": "maxtext", "mosaic": "pytorch-fsdp",
-                        "megatron": "megatron", "nemo": "megatron", "deepspeed": "deepspeed"}
+                        "megatron": "megatron", "nemo": "megatron", "deepspeed": "deepspeed",
+                        "torchtitan": "pytorch-fsdp", "nanotron": "megatron"}
 NAME_COLUMNS = ("id", "model_name", "hardware", "source", "framework", "precision", "remat")  # check_name: printable
 MAX_COUNT = 2**40  # any count column (a dimension, degree, length, batch); Job's bound on tokens per step
 MAX_TABLE_ROWS = 5_000  # ~5 s of estimates (1 ms a row); runs_dev.csv has 248 rows
@@ -51,6 +61,7 @@ class Case:
     plan: Plan
     measured_step_time_s: float
     measured_memory_bytes: float | None = None
+    framework: str = ""  # the row's framework column (the software stack: nemo, torchtitan, ...), for holdout splits
 
 
 def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
@@ -137,7 +148,10 @@ def row_to_case(row: dict[str, str]) -> Case:
     if row["hardware"] not in preset_names():
         raise InputError(f"no hardware profile {excerpt(row['hardware'])}")
     fw = (row.get("framework") or "").strip()
-    convention = FRAMEWORK_CONVENTION.get(fw, "megatron")
+    if fw not in FRAMEWORK_CONVENTION:  # no silent fallback: the state layout and collectives depend on it
+        raise InputError(f"framework: expected one of {', '.join(sorted(FRAMEWORK_CONVENTION))}, got "
+                         f"{excerpt(fw) if fw else 'none'}")
+    convention = FRAMEWORK_CONVENTION[fw]
     n_exp = _int(row, "n_experts", 0) or 0
     model = ModelSpec(
         name=row.get("model_name") or row["id"], n_layers=_count(row, "n_layers"), d_model=_count(row, "d_model"),
@@ -174,7 +188,8 @@ def row_to_case(row: dict[str, str]) -> Case:
     if measured is None or measured <= 0:
         raise InputError(f"measured_step_time_s: expected a positive number of seconds, got "
                          f"{excerpt(row.get('measured_step_time_s'))}")
-    return Case(row["id"], row.get("source") or "", model, load_hardware(row["hardware"]), job, plan, measured)
+    return Case(row["id"], row.get("source") or "", model, load_hardware(row["hardware"]), job, plan, measured,
+                framework=fw)
 
 
 def load_cases(path: str | Path) -> tuple[list[Case], dict[str, str]]:
