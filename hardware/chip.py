@@ -88,6 +88,9 @@ class Chip:
     hbm_reserve_frac: float = 0.05  # HBM kept free for runtime, fragmentation and compiler scratch
     power_w: float = 0.0  # chip power at load, for energy estimates (0 = unknown)
     eff: Efficiency = field(default_factory=Efficiency)
+    # A preset with no calibration runs of its own names its nearest calibrated relative here; its efficiencies are
+    # then that preset's fitted overlay (hardware.catalog.with_calibration). '' = none.
+    calibration_sibling: str = ""
     sources: tuple[str, ...] = ()
 
     def peak_flops(self, precision: str) -> float:
