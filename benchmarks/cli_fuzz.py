@@ -34,7 +34,8 @@ MODELS = ["deepseek-v2-236b", "deepseek-v2-lite-16b", "deepseek-v3-671b", "gemma
           "llama2-70b", "llama2-7b", "llama3-405b", "llama3-70b", "llama3-8b", "megatron-gpt-1.7b",
           "megatron-gpt-1008.0b", "mistral-7b", "mixtral-8x22b", "mixtral-8x7b", "mpt-30b", "nemotron4-340b",
           "palm-540b", "1T", "3B", "175B", "20B"]
-HARDWARE = ["tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200"]
+HARDWARE = ["tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200",
+            "b200", "gb200"]
 CHIPS = [1, 2, 4, 8, 16, 24, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096, 6144, 8192]
 SEQS = [512, 2048, 4096, 8192, 32768, 131072]
 FRAMEWORKS = ["maxtext", "megatron", "pytorch-fsdp", "deepspeed"]

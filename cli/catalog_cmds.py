@@ -13,7 +13,7 @@ from rich.table import Table
 
 from cli.main import app
 from cli.render import shown
-from hardware.catalog import load_hardware, preset_names
+from hardware.catalog import efficiency_origin, load_hardware, preset_names
 from hardware.chip import Chip
 from hardware.yamlio import to_dict
 
@@ -140,7 +140,8 @@ def hardware_show(
             )
         )
     eff = ", ".join(f"{k} {v:g}" for k, v in to_dict(chip.eff).items())
-    rows.append(("eff (fitted by calibration)", eff))
+    rows.append(("eff", eff))
+    rows.append(("eff from", shown(efficiency_origin(chip))))
     for i, src in enumerate(chip.sources):
         rows.append(("sources" if i == 0 else "", shown(src)))
     for field_name, value in rows:

@@ -58,7 +58,8 @@ MAXTEXT_POLICIES = ("full", "save_out_proj", "save_qkv_proj", "qkv_proj_offloade
                     "save_dot_except_mlpwi", "save_dot_with_context_except_mlp", "minimal", "minimal_offloaded",
                     "minimal_with_context")
 # Known TPU presets -> MaxText compile_topology prefix and devices (TensorCores) per chip in its names.
-TOPOLOGY = {"tpu-v4": ("v4", 2), "tpu-v5p": ("v5p", 2), "tpu-v5e": ("v5e", 1), "tpu-v6e": ("v6e", 1)}
+TOPOLOGY = {"tpu-v4": ("v4", 2), "tpu-v5p": ("v5p", 2), "tpu-v5e": ("v5e", 1), "tpu-v6e": ("v6e", 1),
+            "tpu-v7": ("tpu7x", 2)}  # MaxText names TPU7x slices tpu7x-N, N TensorCores (two per chip)
 
 
 def _even_stages(pf: PlanFile, plan) -> tuple[Any, str]:
@@ -293,9 +294,9 @@ SECTIONS = (("model", ("decoder_block", "base_emb_dim", "base_num_query_heads", 
 
 
 def compile_topology(pf: PlanFile, slices: int) -> str:
-    if pf.hardware_ref not in TOPOLOGY:
+    if pf.hardware.name not in TOPOLOGY:  # the profile's name: the reference may be an alias (ironwood) or a path
         return ""
-    prefix, cores = TOPOLOGY[pf.hardware_ref]
+    prefix, cores = TOPOLOGY[pf.hardware.name]
     return f"compile_topology={prefix}-{cores * pf.chips // slices} compile_topology_num_slices={slices}"
 
 

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 PRESETS = [
     "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e",
-    "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "cpu-host",
+    "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "cpu-host", "tpu-v7", "h800", "gb200",
 ]
 
 
@@ -62,10 +62,10 @@ def test_tpu_levels(name):
     ici, dcn = chip.levels
     assert chip.is_tpu
     assert (ici.name, ici.kind, dcn.name, dcn.kind) == ("ici", "torus", "dcn", "network")
-    three_d = name in ("tpu-v4", "tpu-v5p")
+    three_d = name in ("tpu-v4", "tpu-v5p", "tpu-v7")
     assert ici.torus_dims == (3 if three_d else 2)
     assert ici.wrap_rule == ("cube4" if three_d else "len16")
-    assert ici.domain_chips == {"tpu-v4": 4096, "tpu-v5p": 6144}.get(name, 256)
+    assert ici.domain_chips == {"tpu-v4": 4096, "tpu-v5p": 6144, "tpu-v7": 9216}.get(name, 256)
 
 
 @pytest.mark.parametrize("name", ["a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200"])
