@@ -28,7 +28,7 @@ PRESETS = [
 
 # ---- presets ---------------------------------------------------------------------------------------
 
-def test_preset_names_are_the_documented_ten():
+def test_preset_names_are_the_documented_thirteen():
     assert sorted(PRESETS) == preset_names()
 
 
