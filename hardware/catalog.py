@@ -98,9 +98,12 @@ def check_efficiency(eff: Efficiency, where: str) -> None:
 
 def load_hardware(name_or_path: str) -> Chip:
     """A preset by name or alias (e.g. 'tpu-v5p', 'tpu7x') with its calibrated efficiencies, or a user's profile by
-    path (a .yaml/.yml suffix in any case, or a '/') exactly as written (no overlay)."""
+    path (a .yaml/.yml suffix in any case, or a '/'). A profile that writes no efficiencies of its own (as the
+    presets' files do not) takes the calibration of the preset its `name` or `calibration_sibling` names, as that
+    preset would (a copy of h100-sxm.yaml costs as h100-sxm); one that writes `eff` keeps its own."""
     if name_or_path.lower().endswith((".yaml", ".yml")) or "/" in name_or_path:
-        return _load_file(str(Path(name_or_path).resolve()))
+        chip = _load_file(str(Path(name_or_path).resolve()))
+        return with_calibration(chip) if chip.eff == Efficiency() else chip
     return with_calibration(_preset_file(preset_name(name_or_path)))
 
 
@@ -116,7 +119,7 @@ def calibration_owner(chip: Chip) -> str | None:
     """The preset whose overlay with_calibration gives `chip`: its own name when calibration/NAME.yaml exists, else
     the first of its calibration_sibling chain that has one (a chain that loops, or ends without one, gives None)."""
     name, sibling, seen = chip.name, chip.calibration_sibling, set()
-    while not _overlay_path(name).is_file():
+    while not (name in preset_names() and _overlay_path(name).is_file()):  # a user's name is never a path
         if not sibling or sibling in seen or sibling not in preset_names():
             return None
         seen.add(name)
@@ -146,7 +149,7 @@ def with_calibration(chip: Chip) -> Chip:
 def efficiency_origin(chip: Chip) -> str:
     """Where `chip`'s efficiencies come from, in words, for `hardware show`: fitted to its own runs, borrowed from a
     calibration sibling's fit (no runs of the chip), the untuned defaults, or set in a user's profile."""
-    owner = calibration_owner(chip) if chip.name in preset_names() else None
+    owner = calibration_owner(chip) if chip.name in preset_names() or chip.calibration_sibling else None
     if owner is not None:
         eff, fitted_on = _overlay(owner)
         if chip.eff == eff:

@@ -323,3 +323,26 @@ def test_planner_suggest_returns_plans(hw, chips, capsys, monkeypatch):
     assert d["plans"] and all(p["fits"] and p["step_time_s"] > 0 and 0 < p["mfu"] < 1 for p in d["plans"])
     best = d["plans"][0]["degrees"]
     assert best["dp"] * best["fsdp"] * best["tp"] * best["cp"] * best["pp"] * best["ep"] == int(chips)
+
+
+def test_a_copy_of_a_preset_given_by_path_keeps_its_calibration(tmp_path):
+    """A profile file that writes no efficiencies (as the presets' files do not) costs as the preset its name
+    names; one that writes `eff` keeps its own; a name that looks like a path never reads a file."""
+    import shutil
+
+    import yaml
+
+    from hardware.catalog import efficiency_origin, load_hardware
+
+    copy = tmp_path / "mine.yaml"
+    shutil.copy(Path(__file__).resolve().parents[1] / "hardware" / "profiles" / "h100-sxm.yaml", copy)
+    assert load_hardware(str(copy)).eff == load_hardware("h100-sxm").eff
+    assert efficiency_origin(load_hardware(str(copy))).startswith("calibration overlay")
+    data = yaml.safe_load(copy.read_text())
+    own = tmp_path / "own.yaml"
+    own.write_text(yaml.safe_dump({**data, "eff": {"matmul_peak": 0.5}}))
+    assert load_hardware(str(own)).eff.matmul_peak == 0.5
+    assert efficiency_origin(load_hardware(str(own))) == "set in the profile"
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(yaml.safe_dump({**data, "name": "../profiles/h100-sxm"}))
+    assert efficiency_origin(load_hardware(str(odd))) == "defaults (priors; not calibrated)"
