@@ -6,11 +6,12 @@ import sys
 
 import typer
 
+from cli import options as o
 from cli.main import app
 from costmodel.estimate import estimate as estimate_cost
 from hardware.errors import InputError, escape, unknown
 from hardware.fileio import check_output_path, write_text
-from planner.export import FORMATS, write_export
+from planner.export import FORMATS, ExportDoesNotFit, write_export
 from planner.import_configs import import_config
 from planner.planfile import PlanFile, load_plan, planfile_text
 
@@ -50,15 +51,21 @@ def export_cmd(
     fmt: str = typer.Option(..., "--format", "-f", help="maxtext (YAML for maxtext 0.2.5), megatron (bash "
                                                          "MEGATRON_ARGS for pretrain_gpt.py) or json (the plan file)."),
     out: str = typer.Option(None, "--out", "-o", help="Write here instead of standard output."),
+    force: bool = typer.Option(False, "--force", help="Write the config even when the exported plan is predicted "
+                                                      "not to fit in memory (otherwise exit 1, nothing written)."),
 ) -> None:
     """Turn a plan file into a training config. Plans the framework cannot express are exported as the nearest
-    plan it can run, with a warning and both predicted costs on stderr."""
+    plan it can run, with a warning and both predicted costs on stderr. A plan predicted not to fit is refused
+    (exit 1) unless --force."""
     if fmt not in FORMATS:
         raise unknown("export format", fmt, FORMATS)
     if out is not None:
         check_output_path(out, "--out")
     pf = load_plan(plan)
-    text = write_export(pf, fmt, out, warn)
+    try:
+        text = write_export(pf, fmt, out, warn, force=force)
+    except ExportDoesNotFit as e:
+        raise o.nothing_fits(str(e)) from None
     if out is None:
         sys.stdout.write(text)
     else:

@@ -277,11 +277,14 @@ def suggest(
         save_plan(save, model, hardware, chips, job, best.plan, best.cost,
                   description=f"planner suggest: best of {result.stats.candidates} mesh candidates", flag="--save")
     if export:
-        from planner.export import write_export
+        from planner.export import ExportDoesNotFit, write_export
         from planner.planfile import PlanFile
 
         pf = PlanFile(model=m, hardware=chip, chips=chips, job=job, plan=best.plan, model_ref=model,
                       hardware_ref=hardware)
-        text = write_export(pf, export, out)
+        try:
+            text = write_export(pf, export, out)
+        except ExportDoesNotFit as e:
+            raise o.nothing_fits(f"--export {export}: {e}") from None
         if out is None and not as_json:
             typer.echo(text)

@@ -294,9 +294,10 @@ SECTIONS = (("model", ("decoder_block", "base_emb_dim", "base_num_query_heads", 
 
 
 def compile_topology(pf: PlanFile, slices: int) -> str:
-    if pf.hardware.name not in TOPOLOGY:  # the profile's name: the reference may be an alias (ironwood) or a path
+    key = pf.hardware_ref if pf.hardware_ref in TOPOLOGY else pf.hardware.name  # the reference may be an alias
+    if key not in TOPOLOGY:  # (ironwood) or a path; then the profile's name
         return ""
-    prefix, cores = TOPOLOGY[pf.hardware.name]
+    prefix, cores = TOPOLOGY[key]
     return f"compile_topology={prefix}-{cores * pf.chips // slices} compile_topology_num_slices={slices}"
 
 

@@ -496,3 +496,22 @@ def test_maxtext_export_refits_the_batch_after_moving_stages_to_fsdp():
     with pytest.raises(InputError, match="global_batch: MaxText runs this plan as dp=1 fsdp=6 ep=1, 6 batch "
                                          "shards, which 4 sequences do not divide; expected a multiple of 6"):
         maxtext_plan(pf(4))
+
+
+def test_export_refuses_a_plan_predicted_not_to_fit(tmp_path):
+    """llama3-70b on 8 H100 without remat, fsdp 8: Megatron's nearest plan (dp 8, ZeRO-1) needs ~580 GiB per chip.
+    export exits 1 with one error line and writes nothing; --force writes it (issue 29)."""
+    from planner.export import ExportDoesNotFit, write_export
+
+    big = pf("llama3-70b", "h100-sxm", 8, 4096, 64, remat="none", fsdp=8)
+    with pytest.raises(ExportDoesNotFit, match="predicted not to fit.*GiB per chip"):
+        write_export(big, "megatron", None, warn=None)
+    assert "MEGATRON_ARGS" in write_export(big, "megatron", None, warn=None, force=True)
+    plan = tmp_path / "big.yml"
+    save_plan(plan, "llama3-70b", "h100-sxm", 8, big.job, big.plan)
+    out = tmp_path / "args.sh"
+    r = planner("export", "--plan", str(plan), "--format", "megatron", "-o", str(out))
+    assert r.returncode == 1 and not out.exists()
+    assert r.stderr.strip().splitlines()[-1].startswith("error: the exported plan is predicted not to fit")
+    r = planner("export", "--plan", str(plan), "--format", "megatron", "-o", str(out), "--force")
+    assert r.returncode == 0 and out.exists()

@@ -78,7 +78,7 @@ def _same_lines(text: str, clean: str) -> None:
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_maxtext_export_keeps_exactly_the_planner_keys(name):
-    clean = export(_planfile("maxtext", CLEAN, "tpu-v5p", "/profiles/clean.yaml"), "maxtext", warn=None)
+    clean = export(_planfile("maxtext", CLEAN, "clean-chip", "/profiles/clean.yaml"), "maxtext", warn=None)
     text = export(_planfile("maxtext", name, name, f"/profiles/{name}.yaml"), "maxtext", warn=None)
     _check_hint(text, name, f"/profiles/{name}.yaml")
     assert yaml.safe_load(text) == yaml.safe_load(clean)
