@@ -391,11 +391,16 @@ def usable_batches(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constra
 def default_batch_for(m: ModelSpec, chip: Chip, chips: int, seq_len: int, precision: str, framework: str,
                       cons: Constraints, tokens_per_batch: int | None = None) -> tuple[int, str]:
     """The default global batch (default_global_batch), doubled up to 64x when no mesh can take it (e.g. too
-    few sequences for the model-parallel limit, or a framework's pipeline rule); returns (batch, note)."""
+    few sequences for the model-parallel limit, or a framework's pipeline rule); returns (batch, note). A batch
+    the user asked for (tokens_per_batch) is never changed: that is an error naming the batch that would work."""
     base = default_global_batch(chips, seq_len, tokens_per_batch)
     for factor in (1, 2, 4, 8, 16, 32, 64):
         b = base * factor
         if _has_candidates(m, chip, Job(seq_len, b, precision, framework), chips, cons):
+            if factor > 1 and tokens_per_batch is not None:
+                raise InputError(f"--tokens-per-batch: {base} sequences of {seq_len} tokens leave no valid plan on "
+                                 f"{chips} x {chip.name} under {framework}; {b} sequences "
+                                 f"({b * seq_len / 2**20:.0f}M tokens) would: ask for that batch")
             note = "" if factor == 1 else (f"global batch {b} ({b * seq_len / 2**20:.1f}M tokens): the default "
                                            f"{base} leaves no valid plan on {chips} chips")
             return b, note

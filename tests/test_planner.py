@@ -103,6 +103,9 @@ def test_default_batch_grows_when_no_plan_takes_it():
     assert b == 2048 and "default 1024" in note  # MaxText pipelines need grad_accum divisible by pp
     b, note = default_batch_for(m, H100, 16384, 4096, "bf16", "megatron", Constraints())
     assert b == 1024 and note == ""
+    # a batch the user asked for is never changed behind a note (issue 29): the error names the one that works
+    with pytest.raises(InputError, match=r"1024 sequences .* no valid plan .* 2048 sequences \(8M tokens\)"):
+        default_batch_for(m, H100, 16384, 4096, "bf16", "maxtext", Constraints(), tokens_per_batch=4 * 2**20)
 
 
 def test_tokens_per_batch_shorthand():
