@@ -1,10 +1,23 @@
 """Fit a chip's efficiency parameters (hardware.chip.Efficiency) to measured step times.
 
-Robust least squares (scipy, soft-L1 loss) on log(predicted / measured), within physical bounds, with a weak
-pull towards the defaults so that a parameter the data cannot see stays where it was. Nothing is fitted per
-run: one set of <= 9 numbers per chip. The result is an overlay (hardware/calibration/NAME.yaml) that the
-catalog applies on top of the sourced profile, written only when asked (`planner calibrate --write-shipped`, or
-`--overlay-dir DIR` for a copy elsewhere).
+Least squares (scipy) on log(predicted / measured), within physical bounds, with a weak pull towards the defaults
+so that a parameter the data cannot see stays where it was. Nothing is fitted per run: one set of <= 11 numbers
+per chip. The result is an overlay (hardware/calibration/NAME.yaml) that the catalog applies on top of the sourced
+profile, written only when asked (`planner calibrate --write-shipped`, or `--overlay-dir DIR` for a copy
+elsewhere).
+
+Sources weigh the same by default (--weighting sources, issue 28): the rows of one source share its systematic
+error (one cluster, one framework, one way of measuring), so past a few rows a source adds little independent
+information, and a sweep of 1,700 rows (the Ultra-Scale Playbook's) would otherwise outvote every other source of
+its chip. Each source's rows get equal total weight (row weight rows_in_fit / (sources x rows_of_source), so the
+mean row weight stays 1 and the prior's pull is what it was), and a source enters the fit with at most
+MAX_ROWS_PER_SOURCE rows per chip, a deterministic subsample spread over its shapes and scales (fit_rows). With the
+source's total weight fixed, the subsample moves its weighted mean residual only by sampling noise (within-source
+scatter / sqrt(40)), small beside the between-source spread (benchmarks/holdout_report.txt: median errors of
+sources of one chip differ by 20-130 %). --weighting rows is the earlier procedure (every row weight 1); the
+shipped overlays use it on runs_dev.csv + maxtext2023-v5p.csv, whose leave-source-out figure is the better one
+(benchmarks/holdout_report.txt). `planner calibrate --write-shipped` also stores the leave-source-out accuracy of
+the procedure it ran (hardware/calibration/accuracy.yaml, costmodel.holdout).
 """
 
 from __future__ import annotations
@@ -15,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from scipy.optimize import least_squares
 
 from costmodel.estimate import estimate
 from costmodel.published import Case
@@ -39,6 +51,16 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "step_overhead_s": (0.0, 0.5, 0.5),
 }
 PRIOR_WEIGHT = 0.1
+MAX_ROWS_PER_SOURCE = 40  # rows of one source (on one chip) entering a fit (module docstring)
+# How rows weigh in a fit (calibrate --weighting; module docstring): 'sources' is the default, the one procedure that
+# is tractable and fair on every file of data/runs; 'rows' is the earlier one, which the shipped overlays keep
+# because its leave-source-out figure is the better one (benchmarks/holdout_report.txt).
+WEIGHTINGS = {
+    "sources": f"each source the same total weight; at most {MAX_ROWS_PER_SOURCE} rows of a source per chip "
+               "(costmodel.calibrate.fit_sources)",
+    "rows": "every row weight 1, every row fitted (costmodel.calibrate.fit_rows_unweighted)",
+}
+ACCURACY_FILE = "accuracy.yaml"  # the out-of-source summary written beside the shipped overlays
 
 
 def _chip_with(chip: Chip, names: list[str], x: np.ndarray) -> Chip:
@@ -58,6 +80,8 @@ def residuals(chip: Chip, cases: list[Case]) -> np.ndarray:
 
 def fit(chip: Chip, cases: list[Case], names: list[str] | None = None) -> tuple[Efficiency, dict[str, float]]:
     """Best efficiency parameters for `chip` on its `cases`; returns (efficiency, fit statistics)."""
+    from scipy.optimize import least_squares  # here: scipy.optimize takes ~1 s to import, and only a fit needs it
+
     names = list(names or BOUNDS)
     x0 = np.array([getattr(chip.eff, n) for n in names], dtype=float)
     lo = np.array([BOUNDS[n][0] for n in names])
@@ -87,6 +111,9 @@ def overlay_text(chip_name: str, eff: Efficiency, stats: dict[str, float], sourc
         "rows": int(stats["rows"]),
         "mape_pct": round(stats["mape_pct"], 2),
         "worst_pct": round(stats["worst_pct"], 2),
+        **({"source_mape_pct": round(stats["source_mape_pct"], 2)} if "source_mape_pct" in stats else {}),
+        **({"fit_rows": int(stats["fit_rows"]), "sources": list(stats["sources"]),
+            "weighting": WEIGHTINGS[stats.get("weighting", "sources")]} if "fit_rows" in stats else {}),
         "eff": {k: round(float(v), 4) for k, v in eff.__dict__.items()},
     }
     header = "# Written by `planner calibrate`; do not edit by hand. Efficiency overlay for the sourced profile.\n"
@@ -110,54 +137,226 @@ CALIBRATION_GROUPS = {"a100-40gb": "a100", "a100-80gb": "a100"}
 # chip come from different clusters (A100-40GB: MosaicML's llm-foundry runs only; A100-80GB: those and NVIDIA's
 # Selene runs of Narayanan et al. 2021).
 PER_MEMBER = ("net",)
-# Chips without published runs borrow the fit of their closest measured relative, marked as borrowed in the
-# overlay: H200 is H100's die with more/faster HBM; B200 runs the same CUDA/NCCL stack one generation on.
+# Chips without enough published runs borrow the fit of their closest measured relative, marked as borrowed in the
+# overlay: H200 is H100's die with more/faster HBM; B200 runs the same CUDA/NCCL stack one generation on. Their own
+# rows (4 H200, 1 B200 in data/runs) are never fitted: they are predicted with the lender's fit, a test of the model
+# on a chip it was not fitted to.
 BORROWERS = {"h100-sxm": ("h200", "b200")}
+LENDER = {b: lender for lender, bs in BORROWERS.items() for b in bs}
+
+
+def family(chip_name: str) -> str:
+    """The chip family a chip's rows are reported under: its calibration group (a100-40gb, a100-80gb -> a100), or
+    its own name (a borrower is its own family, predicted with its lender's fit)."""
+    return CALIBRATION_GROUPS.get(chip_name, chip_name)
+
+
+def fit_family(chip_name: str) -> str:
+    """The family whose fit predicts a chip: its own, or its lender's (BORROWERS)."""
+    return family(LENDER.get(chip_name, chip_name))
+
+
+def estimable(cases: list[Case]) -> tuple[list[Case], dict[str, str]]:
+    """The cases the cost model can estimate, and {id: reason} for the others (a plan the model cannot split,
+    e.g. 126 layers over pp 8); whether a plan can be estimated does not depend on the efficiencies."""
+    ok, skipped = [], {}
+    for c in cases:
+        try:
+            estimate(c.model, c.chip, c.job, c.plan)
+        except (InputError, ArithmeticError) as e:
+            skipped[c.id] = str(e)
+            continue
+        ok.append(c)
+    return ok, skipped
+
+
+def fit_rows(cases: list[Case], cap: int = MAX_ROWS_PER_SOURCE) -> list[Case]:
+    """At most `cap` rows of each source on each chip, in the given order: a source with more is sorted by (chips,
+    model size, sequence length, id) and `cap` rows evenly spaced over that order are kept, so the subsample spans
+    its scales and shapes; the same rows always give the same subsample."""
+    by_source: dict[tuple[str, str], list[Case]] = {}
+    for c in cases:
+        by_source.setdefault((c.source, c.chip.name), []).append(c)
+    keep: set[int] = set()
+    for rows in by_source.values():  # (source, chip): every chip of a group keeps its rows (PER_MEMBER parameters)
+        if len(rows) <= cap:
+            keep.update(id(c) for c in rows)
+            continue
+        order = sorted(rows, key=lambda c: (c.plan.chips, c.model.total_params(), c.job.seq_len, c.id))
+        keep.update(id(order[int(i)]) for i in np.round(np.linspace(0, len(order) - 1, cap)))
+    return [c for c in cases if id(c) in keep]
+
+
+def source_weights(cases: list[Case]) -> np.ndarray:
+    """Row weights giving every source the same total weight, len(cases) / sources (mean row weight 1)."""
+    counts: dict[str, int] = {}
+    for c in cases:
+        counts[c.source] = counts.get(c.source, 0) + 1
+    return np.array([len(cases) / (len(counts) * counts[c.source]) for c in cases], dtype=float)
+
+
+def fit_sources(cases: list[Case]) -> dict[str, Efficiency]:
+    """The calibration procedure on one group's rows: sources weighted equally, at most MAX_ROWS_PER_SOURCE rows of
+    each (fit_rows), rows the model cannot estimate left out; returns {chip: efficiency} ({} without a row)."""
+    rows = fit_rows(estimable(cases)[0])
+    if not rows:
+        return {}
+    return _fit_group(rows, source_weights(rows))[0]
+
+
+def fit_rows_unweighted(cases: list[Case]) -> dict[str, Efficiency]:
+    """The procedure of the overlays shipped before issue 28 (every row weight 1, no subsample), for comparison."""
+    rows = estimable(cases)[0]
+    return _fit_group(rows)[0] if rows else {}
+
+
+def fit_stats(effs: dict[str, Efficiency], cases: list[Case]) -> dict:
+    """In-sample statistics of a fit over all of the group's estimable `cases`: rows, MAPE over rows, MAPE with each
+    source weighing the same, worst row, and the sources."""
+    errs, by_source = [], {}
+    for c in cases:
+        chip = replace(c.chip, eff=effs.get(c.chip.name, next(iter(effs.values()), Efficiency())))
+        try:
+            t = estimate(c.model, chip, c.job, c.plan).step_time_s
+        except (InputError, ArithmeticError):
+            continue
+        e = abs(t - c.measured_step_time_s) / c.measured_step_time_s * 100
+        errs.append(e)
+        by_source.setdefault(c.source, []).append(e)
+    if not errs:
+        return {"rows": 0, "mape_pct": math.nan, "source_mape_pct": math.nan, "worst_pct": math.nan, "sources": []}
+    return {"rows": len(errs), "mape_pct": float(np.mean(errs)),
+            "source_mape_pct": float(np.mean([np.mean(v) for v in by_source.values()])),
+            "worst_pct": float(np.max(errs)), "sources": sorted(by_source)}
 
 
 def calibrate_all(files: str | list[str], only: list[str] | None = None, directory: Path | None = None,
-                  flag: str = "--write-shipped"):
-    """Fit every chip (or group of chips) that has rows in `files`; yield (name, eff, stats, overlay paths).
-    Overlays are written (atomically) into `directory` only when one is given - hardware/calibration
-    (CALIBRATION_DIR) is the shipped one; every path is checked before the first fit. No usable row is an
-    InputError."""
+                  flag: str = "--write-shipped", weighting: str = "sources", evaluate: list[str] | None = None):
+    """Fit every chip (or group of chips) that has rows in `files` (WEIGHTINGS[weighting]: by default each source
+    the same total weight, fit_sources); yield (name, eff, stats, overlay paths). Overlays are written (atomically)
+    into `directory` only when one is given - hardware/calibration (CALIBRATION_DIR) is the shipped one, and there
+    the leave-source-out accuracy of the same procedure on the same rows goes into accuracy.yaml (write_accuracy)
+    after the last group, with the rows of the `evaluate` files predicted out of source too (never fitted; their
+    sources must not be among the fitted ones); every path is checked before the first fit. Rows of borrowers
+    (BORROWERS) are not fitted. No usable row is an InputError."""
     from hardware.catalog import with_calibration
 
+    if weighting not in WEIGHTINGS:
+        raise unknown("weighting", weighting, list(WEIGHTINGS))
     files = [files] if isinstance(files, str) else list(files)
-    groups = _groups(files, only)
+    cases = _load(files, only)
+    extra = _load_evaluated(list(evaluate or ()), only, {c.source for c in cases})
+    groups = _groups(cases)
     source = "+".join(Path(f).name for f in files)
+    shipped = directory is not None and flag == "--write-shipped"
     if directory is not None:
         for members in groups:
             for name in _overlay_names(members):
                 check_output_path(overlay_path(name, directory), flag)
+        if shipped:
+            check_output_path(Path(directory) / ACCURACY_FILE, flag)
     for members, cs in groups.items():
-        effs, stats = _fit_group(cs)
+        rows = estimable(cs)[0]
+        rows = fit_rows(rows) if weighting == "sources" else rows
+        if not rows:
+            raise InputError(f"--file {shown_path(' + '.join(files))}: no row of {', '.join(members)} can be "
+                             "estimated; nothing to fit")
+        effs = _fit_group(rows, source_weights(rows) if weighting == "sources" else None)[0]
+        stats = {**fit_stats(effs, cs), "fit_rows": len(rows), "weighting": weighting}
         paths = [] if directory is None else _write_group(members, effs, stats, source, directory, flag)
         with_calibration.cache_clear()
         yield "+".join(members), effs[members[0]], stats, ", ".join(str(p) for p in paths)
+    if shipped:
+        write_accuracy(cases, source, Path(directory), flag, weighting, extra,
+                       "+".join(Path(f).name for f in evaluate or ()))
 
 
-def _groups(files: list[str], only: list[str] | None) -> dict[tuple[str, ...], list[Case]]:
-    """The usable rows of `files` (of the `only` presets), by calibration group (sorted member names), each case's
-    chip reset to the default efficiencies so that a refit does not depend on the previous overlay."""
+def _load(files: list[str], only: list[str] | None) -> list[Case]:
+    """The usable rows of `files` (of the `only` presets; a borrower's rows come with its lender's), each case's chip
+    reset to the default efficiencies so that a refit does not depend on the previous overlay."""
     from costmodel.published import load_cases
     from hardware.catalog import preset_names
 
     for name in only or ():
         if name not in preset_names():
             raise unknown("hardware", name, preset_names())
+        if name in LENDER:
+            raise InputError(f"--hardware {name}: borrows the fit of {LENDER[name]} (its rows are not fitted; "
+                             f"costmodel.calibrate.BORROWERS); calibrate {LENDER[name]}")
     loaded = [load_cases(f) for f in files]
-    cases = [c for cs, _ in loaded for c in cs if not only or c.chip.name in only]
-    if not cases:
+    cases = [c for cs, _ in loaded for c in cs if not only or LENDER.get(c.chip.name, c.chip.name) in only]
+    if not [c for c in cases if c.chip.name not in LENDER]:
         raise InputError(_no_rows(files, only, {k: v for _, sk in loaded for k, v in sk.items()}))
+    return [replace(c, chip=replace(c.chip, eff=Efficiency())) for c in cases]
+
+
+def _load_evaluated(files: list[str], only: list[str] | None, fitted: set[str]) -> list[Case]:
+    """The usable rows of the `evaluate` files (of the `only` presets and their borrowers), chips reset to the
+    defaults; a source that is also fitted is an InputError (a source is either fitted or evaluated)."""
+    from costmodel.published import load_cases
+
+    cases = [replace(c, chip=replace(c.chip, eff=Efficiency())) for f in files for c in load_cases(f)[0]
+             if not only or LENDER.get(c.chip.name, c.chip.name) in only]
+    both = sorted({c.source for c in cases} & fitted)
+    if both:
+        raise InputError(f"--evaluate: source(s) {excerpt(', '.join(both))} also in --file; a source is either "
+                         "fitted or only predicted")
+    return cases
+
+
+def _groups(cases: list[Case]) -> dict[tuple[str, ...], list[Case]]:
+    """The fitted rows (borrowers' left out) by calibration group (sorted member names)."""
     by_group: dict[str, list[Case]] = {}
     for c in cases:
-        by_group.setdefault(CALIBRATION_GROUPS.get(c.chip.name, c.chip.name), []).append(c)
-    out = {}
-    for _, cs in sorted(by_group.items()):
-        members = tuple(sorted({c.chip.name for c in cs}))
-        out[members] = [replace(c, chip=replace(c.chip, eff=Efficiency())) for c in cs]
-    return out
+        if c.chip.name not in LENDER:
+            by_group.setdefault(family(c.chip.name), []).append(c)
+    return {tuple(sorted({c.chip.name for c in cs})): cs for _, cs in sorted(by_group.items())}
+
+
+def accuracy_text(summary: dict, source: str, previous: dict | None = None, weighting: str = "sources",
+                  evaluated_on: str = "") -> str:
+    """accuracy.yaml: the leave-source-out summary per chip family (costmodel.holdout.summarize), figures to 2
+    decimals and log residuals to 4; families not in `summary` are kept from `previous` (a run with --hardware)."""
+    fams = dict((previous or {}).get("families") or {})
+    for name, f in summary["families"].items():
+        fams[name] = {
+            "fitted_on": source,
+            **({"evaluated_on": evaluated_on} if evaluated_on else {}),
+            "rows": int(f["rows"]),
+            "sources": list(f["sources"]),
+            "calibration_sources": list(f["calibration_sources"]),
+            "out_of_source_mape_pct": round(f["mape_pct"], 2),
+            "out_of_source_source_mape_pct": round(f["source_mape_pct"], 2),
+            "log_residual_p10": round(f["log_residual_p10"], 4),
+            "log_residual_p90": round(f["log_residual_p90"], 4),
+            "predicted_by": f["predicted_by"],
+        }
+    doc = {"method": ACCURACY_METHOD, "weighting": WEIGHTINGS[weighting], "families": dict(sorted(fams.items()))}
+    header = ("# Written by `planner calibrate --write-shipped`; do not edit by hand. Out-of-source accuracy of the "
+              "shipped\n# calibration (costmodel.holdout.leave_source_out); percentiles of log(predicted/measured), "
+              "sources weighted equally.\n")
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+ACCURACY_METHOD = ("leave-source-out at calibration time: every row of a source predicted by a fit on the other "
+                   "sources of its chip family (the same procedure as the overlays); a family with one source is "
+                   "predicted with the default efficiencies (no fit); borrowers by their lender's fit without the "
+                   "held-out source")
+
+
+def write_accuracy(cases: list[Case], source: str, directory: Path, flag: str = "--write-shipped",
+                   weighting: str = "sources", extra: list[Case] | None = None, evaluated_on: str = "") -> Path:
+    """Leave-source-out over `cases` (all chips of the calibration's files) and the `extra` rows (predicted, never
+    fitted), and its summary in accuracy.yaml, merged with the families already there (atomic write)."""
+    from costmodel.holdout import leave_source_out, summarize
+    from hardware.yamlio import read_yaml
+
+    path = Path(directory) / ACCURACY_FILE
+    previous = read_yaml(path) if path.is_file() else None
+    fit = fit_sources if weighting == "sources" else fit_rows_unweighted
+    pool = {c.source for c in cases}
+    summary = summarize(leave_source_out(cases + list(extra or ()), fit, pool=pool), pool=pool)
+    return write_text(path, accuracy_text(summary, source, previous, weighting, evaluated_on), flag)
 
 
 def _no_rows(files: list[str], only: list[str] | None, skipped: dict[str, str]) -> str:
@@ -188,9 +387,13 @@ def _write_group(members: tuple[str, ...], effs: dict[str, Efficiency], stats: d
     return paths
 
 
-def _fit_group(cases: list[Case]) -> tuple[dict[str, Efficiency], dict[str, float]]:
+def _fit_group(cases: list[Case], weights: np.ndarray | None = None) -> tuple[dict[str, Efficiency], dict[str, float]]:
     """Fit one efficiency set shared by all chips of the cases (same silicon, different HBM), with the
-    PER_MEMBER (cluster) parameters fitted per chip when the group has several; returns {chip: efficiency}."""
+    PER_MEMBER (cluster) parameters fitted per chip when the group has several; returns {chip: efficiency}.
+    `weights` (one per case; default 1) scale each row's squared log residual (source_weights)."""
+    from scipy.optimize import least_squares  # here: scipy.optimize takes ~1 s to import, and only a fit needs it
+
+    root_w = np.ones(len(cases)) if weights is None else np.sqrt(np.asarray(weights, dtype=float))
     members = sorted({c.chip.name for c in cases})
     shared = [n for n in BOUNDS if len(members) == 1 or n not in PER_MEMBER]
     names = shared + [(n, m) for n in BOUNDS if n not in shared for m in members]
@@ -219,7 +422,7 @@ def _fit_group(cases: list[Case]) -> tuple[dict[str, Efficiency], dict[str, floa
         return np.asarray(out)
 
     def f(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([res(x), PRIOR_WEIGHT * (x - x0) / scale])
+        return np.concatenate([root_w * res(x), PRIOR_WEIGHT * (x - x0) / scale])
 
     sol = least_squares(f, x0, bounds=(lo, hi), loss="linear", diff_step=1e-3, max_nfev=200)
     x = sol.x
