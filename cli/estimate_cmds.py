@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -145,7 +147,10 @@ def bench_published(
     file: str = typer.Option(..., "--file", "-f", help="CSV in the runs_dev.csv schema."),
     as_json: bool = o.JSON,
 ) -> None:
-    """Predicted vs measured step time for every usable row of a published-runs CSV."""
+    """Predicted vs measured step time for every usable row of a published-runs CSV, with the shipped calibration
+    (nothing is fitted on the file). Leads with the calibration's out-of-source accuracy (leave-source-out, computed
+    when the overlays were written: hardware/calibration/accuracy.yaml); rows of a source the calibration was
+    fitted on are in-sample, the others out of sample."""
     from costmodel.published import evaluate, load_cases, mape
 
     cases, skipped = load_cases(file)
@@ -153,30 +158,87 @@ def bench_published(
         first = next(iter(skipped.items()), None)
         raise InputError(f"--file {shown_path(file)}: no usable row ({len(skipped)} skipped"
                          + (f"; {first[0]}: {first[1]}" if first else "") + ")")
-    rows = evaluate(cases) + [{"id": k, "skipped": v} for k, v in skipped.items()]
+    stored = _stored_accuracy()
+    rows = evaluate(cases)
+    for r in rows:
+        r["in_calibration"] = _in_calibration(stored, r)
+    rows += [{"id": k, "skipped": v} for k, v in skipped.items()]
     summary = mape(rows)
+    inside = mape([r for r in rows if r.get("in_calibration") is True])
+    other = mape([r for r in rows if r.get("in_calibration") is False])
+    out_of_source = {"computed_by": "leave-source-out at calibration time (planner calibrate --write-shipped); "
+                                    "each chip family's rows predicted by a fit without their source",
+                     **stored}
     if as_json:
-        print_json({"rows": rows, "mape_pct": summary})
+        print_json({"out_of_source": out_of_source, "rows": rows, "mape_pct": summary,
+                    "mape_pct_calibration_sources": inside, "mape_pct_other_sources": other})
         return
     console = Console()
+    console.print(_out_of_source_table(stored))
     t = Table(title=escape(f"published runs: {file}"))
-    for c in ("id", "hardware", "predicted s", "measured s", "error %", "mem GiB", "need GiB", "fits"):
+    for c in ("id", "hardware", "in cal.", "predicted s", "measured s", "error %", "mem GiB", "need GiB", "fits"):
         t.add_column(c, justify="right" if c != "id" else "left")
     for r in rows:
         if "skipped" in r:
-            t.add_row(shown(r["id"]), "", "", "", "skipped: " + shown(r["skipped"]), "", "", "")
+            t.add_row(shown(r["id"]), "", "", "", "", "skipped: " + shown(r["skipped"]), "", "", "")
         else:
-            t.add_row(shown(r["id"]), shown(r["hardware"]), f"{r['predicted_step_time_s']:.3f}",
-                      f"{r['measured_step_time_s']:.3f}",
+            t.add_row(shown(r["id"]), shown(r["hardware"]), "yes" if r["in_calibration"] else "no",
+                      f"{r['predicted_step_time_s']:.3f}", f"{r['measured_step_time_s']:.3f}",
                       f"{r['error_pct']:+.1f}", f"{r['predicted_peak_memory_bytes'] / 2**30:.1f}",
                       f"{r['predicted_fit_memory_bytes'] / 2**30:.1f}", str(r["fits"]))
     console.print(t)
-    s = Table(title="MAPE (%)")
+    s = Table(title="MAPE (%): rows of other sources (out of sample) first")
     s.add_column("group")
     s.add_column("MAPE %", justify="right")
-    for k, v in summary.items():
-        s.add_row(k, f"{v:.1f}")
+    for label, part in (("other sources", other), ("calibration sources", inside), ("all", summary)):
+        for k, v in part.items():
+            if k == "overall" or label == "all":
+                s.add_row(shown(f"{label}: {k}"), f"{v:.1f}")
     console.print(s)
+
+
+def _stored_accuracy() -> dict:
+    """hardware/calibration/accuracy.yaml (method, weighting, families); {'families': {}} when there is none."""
+    import hardware.catalog as catalog
+    from costmodel.calibrate import ACCURACY_FILE
+    from hardware.yamlio import read_yaml
+
+    path = catalog.CALIBRATION_DIR / ACCURACY_FILE
+    if not path.is_file():
+        return {"families": {}, "note": f"no {ACCURACY_FILE}: run planner calibrate --write-shipped"}
+    data = read_yaml(path)
+    fams = data.get("families")
+    if not isinstance(fams, dict) or not all(isinstance(f, dict) for f in fams.values()):
+        raise InputError(f"{shown_path(path)}: expected 'families' to map each chip family to its figures")
+    return data
+
+
+def _in_calibration(stored: dict, row: dict) -> bool:
+    """Whether rows of this row's source on its chip family entered the shipped calibration's fit."""
+    from costmodel.calibrate import family
+
+    fam = stored["families"].get(family(row.get("hardware", "")), {})
+    return row.get("source") in (fam.get("calibration_sources") or ())
+
+
+def _out_of_source_table(stored: dict) -> Table:
+    t = Table(title="out-of-source accuracy of the shipped calibration (leave-source-out at calibration time, "
+                    "hardware/calibration/accuracy.yaml)")
+    for c in ("chip family", "rows", "sources", "MAPE %", "sources equal %", "pred/meas p10..p90", "predicted by"):
+        t.add_column(c, justify="left" if c in ("chip family", "predicted by") else "right")
+    for name, f in stored["families"].items():
+        lo, hi = (f.get("log_residual_p10"), f.get("log_residual_p90"))
+        span = f"x{math.exp(lo):.2f} .. x{math.exp(hi):.2f}" if isinstance(lo, float) and isinstance(hi, float) else ""
+        t.add_row(shown(str(name)), str(f.get("rows", "")), str(len(f.get("sources") or ())),
+                  _pct(f.get("out_of_source_mape_pct")), _pct(f.get("out_of_source_source_mape_pct")), span,
+                  shown(str(f.get("predicted_by", ""))))
+    if not stored["families"]:
+        t.add_row(shown(stored.get("note", "")), "", "", "", "", "", "")
+    return t
+
+
+def _pct(v) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) else ""
 
 
 @app.command()
@@ -190,6 +252,12 @@ def calibrate(
                                        "hardware/calibration/NAME.yaml with the fit (atomically)."),
     overlay_dir: str = typer.Option(None, "--overlay-dir", help="With --file: write the overlays NAME.yaml into "
                                     "this existing folder instead of the shipped one."),
+    evaluate: list[str] = typer.Option(None, "--evaluate", help="With --write-shipped: runs CSV(s) whose rows are "
+                                       "never fitted, only predicted out of source in accuracy.yaml (their sources "
+                                       "must not be in --file)."),
+    weighting: str = typer.Option("sources", "--weighting", help="With --file: 'sources' (default: each source the "
+                                  "same total weight, at most 40 rows of a source per chip) or 'rows' (every row "
+                                  "weight 1, the procedure of the shipped overlays)."),
     out: str = typer.Option("", "--out", help="Instead of published runs: run a validator plan set on the JAX "
                             "devices here, fit the profile to their step times and write it to this file."),
     plan_set: str = typer.Option("cpu8", "--set", help="With --out: the plan set (quick, cpu8, single)."),
@@ -207,6 +275,8 @@ def calibrate(
     """Fit each chip's efficiency parameters to measured runs and print them (--write-shipped replaces
     hardware/calibration/NAME.yaml); or, with --out, fit to step times measured here by running a validator plan set
     (planner validate) and write that profile."""
+    if out and evaluate:
+        raise InputError("--out and --evaluate: --out fits step times measured here; --evaluate goes with --file")
     if out:
         return _calibrate_here(out, file, hardware, write_shipped, overlay_dir, plan_set, devices, steps, d_model,
                                layers, seq_len, fast_compile, as_json)
@@ -216,16 +286,28 @@ def calibrate(
     from costmodel.calibrate import calibrate_all
 
     directory, flag = _overlay_target(write_shipped, overlay_dir, dry_run)
-    fits = list(calibrate_all(file, hardware or None, directory, flag))
+    if evaluate and not write_shipped:
+        raise InputError("--evaluate: only with --write-shipped (its rows feed hardware/calibration/accuracy.yaml; "
+                         "benchmarks/holdout.py prints out-of-source figures without writing)")
+    fits = list(calibrate_all(file, hardware or None, directory, flag, weighting, evaluate))
     if as_json:
-        return print_json([{"hardware": name, "rows": stats["rows"], "mape_pct": stats["mape_pct"],
-                            "worst_pct": stats["worst_pct"], "eff": dict(eff.__dict__),
-                            "written": str(path) if path else None} for name, eff, stats, path in fits])
+        return print_json([{"hardware": name, "rows": stats["rows"], "fit_rows": stats["fit_rows"],
+                            "sources": stats["sources"], "weighting": weighting, "mape_pct": stats["mape_pct"],
+                            "source_mape_pct": stats["source_mape_pct"], "worst_pct": stats["worst_pct"],
+                            "eff": dict(eff.__dict__), "written": str(path) if path else None}
+                           for name, eff, stats, path in fits])
     for name, eff, stats, path in fits:
         vals = ", ".join(f"{k}={v:.3g}" for k, v in eff.__dict__.items())
         where = f" -> {shown_path(path, 1000)}" if path else ""
-        typer.echo(f"{name}: {stats['rows']} rows, MAPE {stats['mape_pct']:.1f}%, worst {stats['worst_pct']:.1f}%"
-                   f"  [{vals}]{where}")
+        typer.echo(f"{name}: {stats['rows']} rows ({stats['fit_rows']} fitted, {len(stats['sources'])} sources), "
+                   f"in-sample MAPE {stats['mape_pct']:.1f}%, worst {stats['worst_pct']:.1f}%  [{vals}]{where}")
+    if write_shipped:
+        from hardware.errors import escape as plain
+
+        for name, f in _stored_accuracy()["families"].items():
+            typer.echo(f"out of source (leave-source-out) {plain(str(name))}: MAPE "
+                       f"{_pct(f.get('out_of_source_mape_pct'))}% over {f.get('rows')} rows of "
+                       f"{len(f.get('sources') or ())} source(s), predicted by {plain(str(f.get('predicted_by')))}")
 
 
 def _overlay_target(write_shipped: bool, overlay_dir: str | None, dry_run: bool):
