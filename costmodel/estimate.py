@@ -255,8 +255,12 @@ def expert_exchange(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLi
     split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
     a2a_bytes = plan.micro_batch * job.seq_len / plan.cp * m.experts_per_token * m.d_model * BF16 / split
     t = collective_time(link, "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
+    # Every MoE stage exchanges its tokens, and in a pipeline the slowest stage sets the pace: the stage with the
+    # most MoE layers, not the one with the most weights that memory counts (busiest_kinds: with leading dense
+    # layers and a wide ep that is the first stage, whose MoE layers are fewest; DeepSeek-V3 at pp 16 had none).
     kinds = busiest_kinds(m, plan)
-    moe_layers = m.n_moe_layers / layer_stages(m, plan) if kinds is None else kinds[1]
+    moe_layers = (m.n_moe_layers / layer_stages(m, plan) if kinds is None
+                  else max(k[1] for k in stage_kinds(m, plan)))
     count = (4 + 2 * rerun) * moe_layers * layer_steps
     return _coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, link.level)
 

@@ -680,3 +680,23 @@ def test_job_bounds_are_named():
         with pytest.raises(InputError, match=match):
             Job(**kw)
     assert Job(4096, 2**28).tokens == 2**40  # the bound itself is allowed
+
+
+@pytest.mark.parametrize("pp", [16, 8])
+def test_expert_exchange_counts_the_stage_with_the_most_moe_layers(pp):
+    """DeepSeek-V3 (3 dense + 58 MoE layers) over pp 16 or 8 with ep 64 under Megatron: memory's busiest stage is
+    the first (the dense layers outweigh 1/64 of the experts), but every MoE stage exchanges tokens and the
+    slowest sets the pace, so the all-to-alls count the stage with the most MoE layers (issue 29: pp 16 had
+    counted none, pp 8 half)."""
+    from costmodel.catalog import load_model
+    from costmodel.memory import stage_kinds
+
+    m = load_model("deepseek-v3-671b")
+    plan = Plan(dp=2048 // pp // 64, pp=pp, ep=64, zero=1, remat=REMAT_POLICIES["full"])
+    job = Job(seq_len=4096, global_batch=4096, framework="megatron")
+    c = estimate(m, load_hardware("h100-sxm"), job, plan, 2048)
+    (ep,) = [x for x in c.collectives if x.axis == "ep"]
+    most_moe = max(k[1] for k in stage_kinds(m, plan))
+    accum = job.global_batch // (plan.dp * plan.ep * plan.micro_batch)
+    assert most_moe == 4 if pp == 16 else most_moe == 8
+    assert ep.count == (4 + 2) * most_moe * accum  # dispatch + combine, fwd + bwd, and the full-remat rerun
