@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cli.main import main
 from costmodel import calibrate, holdout
 from costmodel.estimate import estimate
 from costmodel.job import Job
@@ -22,6 +20,7 @@ from costmodel.published import FRAMEWORK_CONVENTION, Case, load_cases
 from hardware.catalog import load_hardware
 from hardware.chip import Efficiency
 from hardware.yamlio import read_yaml
+from tests.test_cli_errors import planner as _planner
 
 REPO = Path(__file__).resolve().parents[1]
 V5P_RUNS = REPO / "data" / "runs" / "maxtext2023-v5p.csv"  # runs schema, 16 tpu-v5p rows of one source
@@ -158,17 +157,6 @@ def test_unknown_framework_row_is_skipped_naming_the_supported_ones(tmp_path):
     by = {c.id: c for c in cases}
     assert by["tt"].job.framework == "pytorch-fsdp" and by["nt"].job.framework == "megatron"
     assert by["tt"].framework == "torchtitan"
-
-
-def _planner(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _never_fit(monkeypatch) -> None:

@@ -8,14 +8,12 @@ from __future__ import annotations
 import csv
 import json
 import re
-import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cli.main import main
 from hardware import catalog
 from hardware.catalog import (
     ALIASES,
@@ -30,22 +28,11 @@ from hardware.catalog import (
 from hardware.chip import GIB, Efficiency
 from hardware.errors import InputError
 from hardware.topology import slice_shape, valid_slice_sizes
+from tests.test_cli_errors import planner
 
 REPO = Path(__file__).resolve().parents[1]
 NEW = ("tpu-v7", "h800", "gb200")
 SIBLING = {"tpu-v7": "tpu-v5p", "h800": "h100-sxm", "gb200": "b200"}
-
-
-def planner(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    """Run `planner ARGS` in-process through cli.main.main (as tests/test_cli_errors.py does)."""
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 # ---- the profiles: sourced numbers -------------------------------------------------------------------------------

@@ -16,27 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from costmodel.job import Job
 from costmodel.plan import Plan
 from hardware.chip import Efficiency
 from hardware.errors import InputError
+from tests.test_cli_errors import planner
 
 PLANNER = str(Path(sys.executable).with_name("planner"))
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "runs_v5p_maxtext.csv"  # runs schema, tpu-v5p rows
 OLD = "old content\n"
-
-
-def planner(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    """Run `planner ARGS` in-process through cli.main.main (InputError -> exit 2 handling included)."""
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_error_line(code: int, err: str, *needles: str) -> str:
