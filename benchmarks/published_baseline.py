@@ -1,18 +1,15 @@
 """Published-plan baseline: does the planner's suggestion beat the plan the authors ran, by the cost model's own clock?
 
 Usage: python benchmarks/published_baseline.py [--file data/runs/runs_dev.csv] [--write]
-For the MaxText v5e and v4 tables and the Megatron-LM A100 rows (Narayanan et al. 2021, PTD-P) of the runs CSV,
-the search runs on the same model, hardware, chip count, slice count, sequence length, global batch, precision
-and framework convention, and the table gives
+For the MaxText v5e and v4 tables and the Megatron-LM A100 rows (PTD-P) of the runs CSV, the search runs on the
+same job and framework convention, and the table gives
 
     ratio = predicted step time of the suggested plan / predicted step time of the published plan
 
-Both sides are the same cost model, so ratio <= 1 says the search found the published plan or something the
-model thinks is at least as fast; it says nothing about the model's accuracy (benchmarks/published_runs.py).
-A published plan that breaks the model's memory limit is marked; its ratio is still printed. For the Megatron
-rows a second ratio restricts the search to fsdp = 1 (tensor/pipeline/data parallelism with the distributed
-optimizer, the PTD-P space the 2021 runs had; the first ratio also allows FSDP under Megatron's state layout).
---write saves the table to benchmarks/published_baseline_report.txt.
+Both sides are the same cost model: ratio <= 1 says the search found the published plan or one the model thinks
+at least as fast, nothing about the model's accuracy. A published plan over the memory limit is marked. Megatron
+rows get a second ratio with fsdp = 1 (the PTD-P space). --write saves benchmarks/published_baseline_report.txt.
+(details and results: docs/search.md)
 """
 
 from __future__ import annotations

@@ -2,21 +2,13 @@
 
     .venv/bin/python benchmarks/validate_random_shapes.py [--seed 2026] [--only NAME ...] [--no-tuned] [--write]
 
-Issue 28, item 7. The CPU validator set (benchmarks/validate_cpu.py) is checked at one shape (d_model 128, seq 128,
-2 layers). Here each of 12 plan layouts of that set on 8 host CPU devices (dense dp / fsdp / tp / cp / pp mixes,
-MoE, DeepSeek's layout, and `--dp 2 --fsdp 2 --tp 2`) gets one shape drawn with numpy's default_rng(seed):
-d_model a multiple of 8 in 128..512 (the scaled model's 8 query heads divide it, and so do the weight shards of
-every layout), seq a multiple of 16 in 128..1024 (whole flash blocks of seq/4 on every cp shard up to cp 4, so the
-validator runs exactly the drawn length), layers 2..4 (2 or 4 for the pp2 layouts, whose stages split the layers
-evenly). The draw is printed and kept in DRAWN below; nothing was tuned on it.
-
-Each plan runs through the validator as validate_cpu.py runs it (planner.validate.compare.run_plan, compile only,
-no timing, fp32) and is compared with the issue's targets: FLOPs (XLA cost_analysis) within 3 %, peak memory
-(argument + output + temp - alias) within 15 %, every collective kind's bytes within 10 %. Beside each row: the
-same layout at the tuned shape (d_model 128, seq 128, 2 layers; skip with --no-tuned), and in the summary the
-current set's counts read off benchmarks/validate_cpu_report.txt with the same thresholds. About 9 minutes on the
-2-core dev machine (about 7 with --no-tuned). --write saves benchmarks/validate_random_shapes_report.txt; the
-misses and their causes are in docs/validator_random_shapes.md.
+Each of 12 plan layouts of the CPU validator set on 8 host CPU devices gets one shape drawn with numpy's
+default_rng(seed): d_model a multiple of 8 in 128..512, seq a multiple of 16 in 128..1024, layers 2..4 (2 or 4
+for the pp2 layouts); the draw is kept in DRAWN below. Each plan runs as validate_cpu.py runs it
+(planner.validate.compare.run_plan, compile only, fp32) against the targets in TARGETS, beside the same layout
+at the tuned shape (skip with --no-tuned) and the current set's counts from benchmarks/validate_cpu_report.txt.
+--write saves benchmarks/validate_random_shapes_report.txt.
+(the draw's rules, results and the misses' causes: docs/validator_random_shapes.md)
 """
 
 from __future__ import annotations

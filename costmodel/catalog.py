@@ -1,31 +1,15 @@
 """Model presets (YAML under models/), user model files by path, and size shorthands such as '70B' or '1T'.
 
-`load_model(text)` accepts, in this order:
-  * a path to a user YAML file (anything ending in .yaml/.yml or containing '/'), with exactly ModelSpec's
-    fields (see costmodel/model.py; omitted optional fields take their defaults);
-  * a preset name (`preset_names()`, case-insensitive), e.g. 'llama3-70b';
-  * a size shorthand: a positive number with a K/M/B/T suffix (case-insensitive), e.g. '8B', '1.5T', '500M'.
+`load_model(text)` accepts, in this order: a path to a user YAML file (ending in .yaml/.yml or containing '/')
+with exactly ModelSpec's fields; a preset name (`preset_names()`, case-insensitive); a size shorthand (a positive
+number with a K/M/B/T suffix, e.g. '8B', '1.5T').
 
-Size shorthands resolve to one documented dense decoder family, "Llama-3 style": SwiGLU (gated) MLP,
-GQA with 8 KV heads, head_dim 128 (n_heads = d_model / 128), vocabulary 128256, untied embeddings, no MoE.
-The rule (`resolve_size`), with N the requested parameter count:
-
-  1. Anchors. The Llama 3 family's own nominal sizes return the published shapes exactly:
-     8B -> llama3-8b (8.03B), 70B -> llama3-70b (70.55B), 405B -> llama3-405b (405.85B).
-  2. Width. d* = piecewise log-log interpolation of d_model over the anchors at their nominal sizes,
-     (8e9, 4096), (70e9, 8192), (405e9, 16384), extended beyond the ends with the end segments' slopes
-     (d grows about as N^0.32 below 70B and N^0.39 above). d_model is the multiple of 1024 nearest to d*
-     (so n_heads = d/128 is a multiple of the 8 KV heads), at least 1024.
-  3. MLP width. ffn = m * d rounded to a multiple of 256, where m is 3.5 up to 70B, 3.25 from 405B, and
-     log-linear in N in between (the Llama 3 ratios: 14336/4096 = 28672/8192 = 3.5, 53248/16384 = 3.25).
-  4. Depth. n_layers is the integer (>= 1) whose total parameter count is closest to N, so the result is
-     within about 1/(2 n_layers) of N (e.g. '1T' -> 151 layers x 23552, 0.9975T). Only if that is still
-     more than 3% off (small sizes, where the embeddings dominate) the other multiple of 1024 next to d*
-     is used when it comes closer.
-  5. Sizes whose best shape is more than 5% off N (below about 0.3B, where the 128256 x d embeddings alone
-     exceed the budget) and sizes above 1000T are refused with an InputError naming the field 'model'.
-
-The anchors need step 1: with d = 8192 the count closest to 70e9 is 79 layers (69.69B), not Llama's 80.
+Size shorthands resolve to one dense "Llama-3 style" family (SwiGLU MLP, GQA with 8 KV heads, head_dim 128,
+vocabulary 128256, untied embeddings) by `resolve_size`: the Llama 3 sizes 8B/70B/405B return their published
+shapes; otherwise d_model is log-log interpolated between those anchors (a multiple of 1024), ffn = m * d with m
+from the Llama 3 ratios (3.5 up to 70B, 3.25 from 405B), and the layer count is the one whose parameter count is
+closest to N. Sizes whose best shape is more than 5% off N, or above 1000T, are refused (field 'model').
+(the rule step by step: docs/models.md)
 """
 
 from __future__ import annotations

@@ -1,38 +1,16 @@
 """Goodput: what failures, checkpoints and restarts cost a long training run, and the time and money to train N tokens.
 
-The model (first order, as in Young 1974 and Daly 2006):
+First order, as in Young 1974 and Daly 2006: job MTBF M = chip MTBF / chips; checkpoint write C; restart R (fixed
+restart + restore + waiting for a host when no hot spare is free); interval tau, optimum tau* = sqrt(2 C M);
 
-  M   job mean time between failures = chip MTBF / chips (failures of independent chips add up)
-  C   checkpoint write time, blocking (synchronous checkpointing): checkpoint bytes / write bandwidth
-  R   restart time after a failure: fixed restart (detect, reschedule, re-initialise, compile) + checkpoint
-      restore (checkpoint bytes / read bandwidth) + waiting for a replacement host when no hot spare is free
-  tau checkpoint interval (compute time between checkpoints); Young's optimum tau* = sqrt(2 C M)
+    goodput = tau / (tau + C) * (1 - (R + (tau + C) / 2) / M)       (clamped at 0)
 
-  Wall time runs in segments of tau compute + C checkpoint. Failures arrive at rate 1/M over wall time; each one
-  costs R plus the work since the last checkpoint, on average half a segment, (tau + C) / 2. So
-
-      goodput = tau / (tau + C) * (1 - (R + (tau + C) / 2) / M)       (clamped at 0)
-
-  which for small C/tau and tau/M is 1 - C/tau - (tau/2 + R)/M, minimised by tau = sqrt(2 C M).
-
-Hot spares (`spares` chips, in whole hosts): a failure takes one host out; it goes to repair for `repair_h`
-hours. If a spare host is free the job restarts at once on it (restart R without the replacement wait);
-otherwise it waits `replace_s` for one. The hosts in repair at a random moment are Poisson with mean
-failure_rate * repair time (an M/G/inf queue), so a spare is free with probability P(Poisson < spare hosts).
-
-Default failure figures (SI units; every default is overridable):
-  GPU: Meta's Llama 3 405B pre-training: 419 unexpected interruptions in a 54-day snapshot on 16,384 H100s
-       (Llama 3 Herd of Models, 2024, section 3.3.4) -> chip MTBF = 16,384 * 54 * 24 / 419 = 50,677 chip-hours
-       (one job interruption every 3.1 h at 16,384 GPUs). It counts every unexpected interruption (GPU, HBM,
-       network, host, software), i.e. what stops a synchronous job, which is what goodput needs. Other GPU
-       profiles (A100, H200, B200) take the same figure: ASSUMED, no comparable published count.
-  TPU: ASSUMED the same 50,677 chip-hours. Google publishes no per-chip interruption rate that we found: the
-       TPUv4 resiliency paper (NSDI 2024, "Resiliency at Scale") reports 99.98% system availability and
-       hardware outages hitting ~1% of jobs, which does not convert to a per-chip MTBF.
-  Checkpoint bandwidth: aggregate cap 2 TB/s, Llama 3's Tectonic sustained throughput (peak 7 TB/s, same
-       paper); per chip ASSUMED 1 GB/s write and read (a host NIC share to storage). Effective bandwidth =
-       min(chips * per-chip, aggregate).
-  Restart 10 min, replacement wait 30 min, host repair 24 h: ASSUMED (no published figures in our sources).
+Hot spares: the hosts in repair are Poisson (an M/G/inf queue), so a spare is free with probability
+P(Poisson < spare hosts). Defaults: chip MTBF 50,677 chip-hours from Llama 3 405B's 419 interruptions in 54 days
+on 16,384 H100s (Llama 3 Herd of Models, 2024, section 3.3.4; TPUs and other GPUs ASSUMED the same); checkpoint
+bandwidth min(chips * 1 GB/s ASSUMED, 2 TB/s Tectonic cap); restart 10 min, replacement 30 min, repair 24 h
+ASSUMED. Every default is overridable.
+(the model, each default and its source: docs/goodput.md)
 """
 
 from __future__ import annotations

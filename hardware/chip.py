@@ -16,33 +16,36 @@ GIB = 2**30
 class Efficiency:
     """Achievable fractions of the spec-sheet peaks. Named so that calibration can fit them.
 
-    matmul_peak:     fraction of peak FLOP/s a large, well-shaped matmul reaches.
-    matmul_half_dim: per-chip matmul dimension (elements) at which matmul efficiency halves;
-                     eff(d) = matmul_peak * d / (d + matmul_half_dim) for the smallest dim d.
-    attention:       fraction of matmul_peak that fused (flash) attention reaches on its score/context matmuls.
-    hbm:             fraction of HBM bandwidth reached by memory-bound ops (norms, activations, optimizer).
-    link:            fraction of scale-up link bandwidth (ICI / NVLink) reached by collectives.
-    net:             fraction of scale-out bandwidth (DCN / InfiniBand) reached by collectives.
-    overlap:         fraction of overlappable communication (fsdp/dp/cp/offload) that compute hides.
-    tp_overlap:      fraction of tensor-parallel activation collectives hidden behind the layer's matmuls
-                     (0 for Megatron-2021-style blocking all-reduces; XLA's async collective matmuls hide most).
-    host_overlap:    fraction of activation offload traffic (device<->host DMA) hidden behind compute; 0.5
-                     until calibrated, since host DMA also competes with collectives for HBM and the host link.
-    lowp_gain:       fraction of the nominal fp8/int8 speed-up over bf16 that training matmuls realise
-                     (scaling and casts around each quantized matmul eat part of it).
-    step_overhead_s: fixed per-step time (launch, data loading, logging).
+    Each field's comment says what it scales. `costmodel.calibrate` fits them to measured runs within
+    physical bounds; the shipped fits are `hardware/calibration/NAME.yaml` (how well they predict:
+    docs/accuracy.md; sourced microbenchmark priors: docs/priors.md).
     """
 
+    # fraction of peak FLOP/s a large, well-shaped matmul reaches
     matmul_peak: float = 0.75
+    # per-chip matmul dimension (elements) at which matmul efficiency halves:
+    # eff(d) = matmul_peak * d / (d + matmul_half_dim) for the smallest dim d
     matmul_half_dim: float = 64.0
+    # fraction of matmul_peak that fused (flash) attention reaches on its score/context matmuls
     attention: float = 0.7
+    # fraction of HBM bandwidth reached by memory-bound ops (norms, activations, optimizer)
     hbm: float = 0.8
+    # fraction of scale-up link bandwidth (ICI / NVLink) reached by collectives
     link: float = 0.8
+    # fraction of scale-out bandwidth (DCN / InfiniBand) reached by collectives
     net: float = 0.7
+    # fraction of overlappable communication (fsdp/dp/cp/offload) that compute hides
     overlap: float = 0.85
+    # fraction of tensor-parallel activation collectives hidden behind the layer's matmuls
+    # (0 for Megatron-2021-style blocking all-reduces; XLA's async collective matmuls hide most)
     tp_overlap: float = 0.0
+    # fraction of activation offload traffic (device<->host DMA) hidden behind compute; 0.5 until
+    # calibrated, since host DMA also competes with collectives for HBM and the host link
     host_overlap: float = 0.5
+    # fraction of the nominal fp8/int8 speed-up over bf16 that training matmuls realise
+    # (scaling and casts around each quantized matmul eat part of it)
     lowp_gain: float = 1.0
+    # fixed per-step time (launch, data loading, logging)
     step_overhead_s: float = 0.0
 
 

@@ -1,27 +1,14 @@
 """Elastic re-planning: the best plan when a running job loses or gains chips, and what the switch costs.
 
-`replan(m, chip, job, old_plan, new_chips)`:
-  1. The new count must be one the topology can form (planner.candidates.check_chips; InputError otherwise).
-  2. The planner search (planner.solve.search) at the new count, keeping the global batch if any plan fits.
-     Otherwise up to MAX_BATCH_TRIES nearest batches within MAX_BATCH_CHANGE of it (divisible by a usable
-     batch-shard count) are searched, and the nearest whose best plan reaches NEAR_BEST of the best throughput
-     among them is taken (the very nearest batch can force a poor layout); the result says what changes.
-  3. Resharding cost: bytes of parameters + optimizer state each chip must receive to go from the old layout to
-     the new one, and the time over the slowest interconnect level the job spans. Model:
-       - state is block-sharded along the data-sharding axes (fsdp, plus dp under ZeRO) inside each model-
-         parallel shard (tp, pp, ep); data rank r holds block r mod d, blocks contiguous, and ranks keep their
-         index across the change; a chip keeps the part of its old block that overlaps its new block and
-         receives the rest (new chips receive everything);
-       - if the model-parallel layout (tp, pp, ep) changes, every chip receives its whole new state (an upper
-         bound: a smarter mapping can keep some);
-       - the time is the busiest chip's bytes over one link's one-direction bandwidth (x the level's efficiency).
-     Compared with going through a checkpoint: write a fresh one (planned resize), restart, read it back. Both
-     pay the fixed restart (process and communicator re-initialisation, recompile).
-  4. After an unplanned loss, in-memory resharding works only if every lost shard has a live replica
-     (weights: dp > 1 with zero < 3; optimizer state: dp > 1 with zero = 0); otherwise the state comes from
-     the last checkpoint and the work since it is lost.
-TPU note: a new slice shape is a new allocation, so in-memory resharding across slice shapes assumes the state
-is first staged in host memory or through DCN; the estimate counts only the link time.
+`replan(m, chip, job, old_plan, new_chips)`: the new count must be one the topology can form; the planner search
+runs at it, keeping the global batch if any plan fits, else the nearest batch within MAX_BATCH_CHANGE whose best
+plan reaches NEAR_BEST of the best throughput. Resharding cost: the parameter + optimizer bytes each chip must
+receive (state block-sharded over the data-sharding axes inside each model-parallel shard; a chip keeps the
+overlap of its old and new blocks; a changed tp/pp/ep layout moves everything), the busiest chip's bytes over
+one link of the slowest level the job spans, against writing, restarting from and reading a checkpoint. After an
+unplanned loss, in-memory resharding needs a live replica of every lost shard (weights: dp > 1 with zero < 3;
+optimizer state: dp > 1 with zero = 0). TPU: a new slice shape is a new allocation; only link time is counted.
+(the model step by step: docs/goodput.md)
 """
 
 from __future__ import annotations

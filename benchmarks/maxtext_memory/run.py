@@ -1,28 +1,17 @@
 #!/usr/bin/env python3
 """Ground-truth per-chip HBM figures from MaxText's ahead-of-time TPU compile.
 
-For each configuration below this runs MaxText 0.2.5's real training step through
-``python -m maxtext.trainers.pre_train.train_compile`` (XLA:TPU via libtpu, compiled on
-the CPU host for a fake ``compile_topology``), parses the ``Memory analysis:
-CompiledMemoryStats(...)`` line it prints and appends one row to ``results.csv``.
+For each configuration below this runs MaxText's real training step through
+``python -m maxtext.trainers.pre_train.train_compile`` (XLA:TPU on the CPU host for a fake
+``compile_topology``), parses the ``Memory analysis: CompiledMemoryStats(...)`` line and appends
+one row to ``results.csv``; configs with an ``ok`` or ``oom`` row are skipped (resumable).
+Run it with the Python of the MaxText environment (``requirements.txt``, ``Makefile.inc``)::
 
-Run it with the Python of the MaxText environment (see ``requirements.txt`` and
-``Makefile.inc``)::
+    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py [--only ID] [--list] [--models-only]
 
-    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py            # all missing configs
-    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --only l2-7b_v5p8_b1_s2048_full
-    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --list
-    /work/maxtext-env/bin/python benchmarks/maxtext_memory/run.py --models-only  # just models.csv
-
-Configs whose id already has an ``ok`` or ``oom`` row in results.csv are skipped
-(resumable); ``error``/``timeout`` rows are retried (and replaced). ``oom`` means XLA:TPU
-refused the program because it does not fit the chip's HBM; its message (kept in the
-``error`` column) gives XLA's temporaries estimate and the HBM available. Compiles run one at a time. MaxText's own logs
-and output directory go to ``$MAXTEXT_OUT`` (default /work/maxtext-out), never the repo.
-
-total_bytes_per_chip = argument + output - alias + temp  (device HBM only; this is the
-usual XLA peak-footprint formula, and MaxText's buffer donation makes output ~= alias, so
-it is ~= argument + temp). generated_code and host_* bytes are reported separately.
+total_bytes_per_chip = argument + output - alias + temp  (device HBM only; XLA's usual
+peak-footprint formula). generated_code and host_* bytes are reported separately.
+(evidence and details: docs/memory_validation.md)
 """
 
 from __future__ import annotations

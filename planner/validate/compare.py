@@ -2,21 +2,14 @@
 
 For each plan: scale the model down (planner.validate.scale), build the sharded JAX step (planner.validate.model),
 `jit(...).lower(...).compile()`, read memory_analysis(), cost_analysis() FLOPs and the collectives of the
-optimized HLO, and run a few steps. The cost model (costmodel.estimate) costs the same scaled-down job; the
-validator computes in fp32 (XLA:CPU upcasts bf16 dots to f32 anyway, which would double every activation and
-gathered-weight buffer behind the cost model's back), so the prediction is taken with 4-byte activations and
-gathered weights and without MaxText's separate bf16 compute copy of the weights (an fp32 cast is a no-op).
+optimized HLO, and run a few steps. The cost model costs the same scaled-down job with 4-byte activations and
+gathered weights and no separate bf16 weight copy, since the validator computes in fp32 (XLA:CPU upcasts bf16).
 
-Implementation adjustments (each check's `note` says which apply):
-  * flops: the validator's flash-style attention computes whole blocks on the diagonal and recomputes QK^T in
-    its backward (`flash_flops_adjustment` adds the difference to the cost model's exact causal count). On the
-    CPU its block is a quarter of the scaled sequence (FLASH_BLOCK_FRACTION), so that a score block stays small
-    beside the layer's activations, as it does at full scale.
-  * memory: XLA:CPU combines all gradient all-reduces into one at the end of the backward pass
-    (cpu-all-reduce-combiner), keeping every layer's unreduced gradients live; the validator disables that pass
-    (planner.validate.CPU_FLAGS), as accelerators reduce-scatter layer by layer.
-  * collective bytes: XLA:CPU has no reduce-scatter creator, so a reduce-scatter appears as an all-reduce
-    followed by a slice; on CPU the two kinds are compared as one quantity 'all-reduce+reduce-scatter'.
+Adjustments (each check's `note` says which apply): flops add the flash attention's whole diagonal blocks and
+backward QK^T recompute (`flash_flops_adjustment`; CPU block = FLASH_BLOCK_FRACTION of the sequence); memory
+runs with XLA:CPU's end-of-step all-reduce combiner off (planner.validate.CPU_FLAGS), as accelerators reduce
+layer by layer; on CPU a reduce-scatter is an all-reduce + slice, so the two kinds are compared as one.
+(details and results: docs/validator.md)
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """Blockwise causal attention with a flash-style backward, in plain JAX (CPU, GPU and TPU, compiles ahead of time).
 
-The validator's default attention (planner.validate.model._attention_block) materialises s x s/n score blocks and
-keeps them for the backward pass; at full width and seq 4096-8192 that is gigabytes per layer that the cost model,
-which assumes flash attention, does not count. This version does what flash attention does, block by block:
+As flash attention does, block by block: the forward runs an online softmax over the key blocks each query block
+can see and keeps only the output and the fp32 log-sum-exp; the backward (`jax.custom_vjp`) recomputes each
+block's probabilities from q, k and the log-sum-exp and accumulates dq, dk, dv (dS = P * (dP - rowsum(dO * O))).
+So the residuals are q, k, v, the output and the log-sum-exp, as the cost model assumes; a score block exists only
+transiently. The loops are unrolled Python loops (XLA's cost analysis counts every block), chained with
+optimization barriers so that one block's scores are live at a time.
 
-  forward:  for each query block, an online softmax over the key blocks it can see (running max, sum and output
-            in fp32); only the output and the log-sum-exp (fp32, one value per query and head) are kept.
-  backward: a `jax.custom_vjp` that recomputes each block's probabilities from q, k and the log-sum-exp, and
-            accumulates dq, dk, dv block by block (dS = P * (dP - rowsum(dO * O))).
-
-So the residuals are q, k, v, the output and the log-sum-exp; a score block (b x heads x bq x bk, fp32) exists
-only transiently. The loops are Python loops (unrolled) so that XLA's cost analysis counts every block, and the
-blocks are chained with optimization barriers so that only one block's scores are live at a time.
-
-Context parallelism: the queries arrive as [b, R, sq, ...] with R = the cp degree (dimension 1 sharded over cp,
-query position r*sq + i) and all keys [b, s, ...]. A key block is skipped only if it lies above the diagonal for
-every row r, so with R > 1 nearly every block is computed (masked): `attention_flops` counts what is computed.
+Context parallelism: queries arrive as [b, R, sq, ...] (R = cp, query position r*sq + i) with all keys; a key
+block is skipped only if it is above the diagonal for every r, and `attention_flops` counts what is computed.
+(details: docs/validator.md)
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """A decoder-only transformer in plain JAX that follows a Plan's shardings and remat choices.
 
-RMSNorm, causal GQA or multi-head latent attention (MLA, DeepSeek's) computed blockwise (planner.validate.flash:
-a flash-style backward, so no s x s scores are kept, as the cost model assumes), gated (SiLU) or plain (GeLU)
-MLP, optional MoE with top-k routing, either with a per-sequence expert capacity (gather dispatch, so no dispatch
-matmuls; the CPU validator) or dropless as MaxText runs it (ragged all-to-all and grouped matmuls; the TPU compile,
-Setup.dropless), with shared experts (a dense MLP beside the routed ones) and leading dense layers (DeepSeek's
-layout), tied or untied embeddings, cross-entropy, and Adam written by hand. Parameters and Adam moments are fp32;
-the step casts the parameters to the compute dtype once (MaxText's weight_dtype=float32, dtype=bfloat16
-convention; the CPU validator runs fp32).
-Layers are unrolled with a Python loop so that XLA's cost analysis counts each of them.
+RMSNorm, causal GQA or multi-head latent attention (planner.validate.flash: no s x s scores kept), gated or plain
+MLP, optional MoE (top-k routing, by per-sequence capacity on CPU or dropless as MaxText runs it on TPU,
+Setup.dropless; shared experts, leading dense layers), tied or untied embeddings, cross-entropy and Adam written
+by hand. Parameters and Adam moments are fp32, cast to the compute dtype once per step (MaxText's
+weight_dtype=float32 / dtype=bfloat16). Layers are unrolled so that XLA's cost analysis counts each; every layer
+runs under jax.checkpoint, with remat 'none' too, so weights are re-gathered in the backward as FSDP does.
 
-Every layer runs under jax.checkpoint, also with remat 'none' (then with everything saveable): without it XLA
-merges a weight's forward and backward all-gathers and keeps every layer's gathered weights from the forward to
-the backward pass, which no FSDP implementation does (PyTorch FSDP and MaxText re-gather in the backward).
-
-Mesh axes (outer to inner): dp, fsdp, ep, cp, tp. The batch is split over (dp, fsdp, ep); the sequence over cp
-(and over tp too under sequence parallelism, for the residual stream); heads, MLP columns and the vocabulary over
-tp; weights' d_model dimension over fsdp (and cp, as MaxText does, and dp under ZeRO-3); experts over ep.
+Mesh axes (outer to inner): dp, fsdp, ep, cp, tp. Batch over (dp, fsdp, ep); sequence over cp (and tp under
+sequence parallelism); heads, MLP columns and vocabulary over tp; weights' d_model over fsdp (and cp, as MaxText
+does, and dp under ZeRO-3); experts over ep.
+(details: docs/validator.md)
 """
 
 from __future__ import annotations

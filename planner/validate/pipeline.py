@@ -1,35 +1,15 @@
 """Pipeline parallelism for the validator: GPipe stages with `jax.shard_map` over the 'pp' mesh axis, laid out as
 MaxText's pipeline (maxtext/layers/pipeline.py) runs them.
 
-The layers are split evenly over `pp` stages: stage s holds layers [s*L/pp, (s+1)*L/pp). Their parameters are
-stacked per stage (params["layers"][j][name] has a leading [pp] dimension, sharded over 'pp'; stage s's j-th
-layer is global layer s*L/pp + j); the embedding tables and the final norm are replicated over 'pp', as in
-MaxText (their sharding rules do not name its `stage` axis).
-
-The step runs inside a shard_map that is manual over 'pp' and 'dp': the other axes (fsdp, ep, cp, tp) stay
-automatic, so the layer code of planner.validate.model (with its sharding constraints, as bare PartitionSpecs
-over the automatic axes) is reused unchanged. Every parameter turns varying over the manual axes once, at the
-top, so its gradient is reduced over dp (the tables' over dp x pp) once per step. Schedule: GPipe over M
-micro-batches (M = global batch / (micro_batch * dp * fsdp * ep), a multiple of pp); at tick t stage s runs
-micro-batch t - s, M + pp - 1 ticks (MaxText's iterations), and after each tick but the last the stage's output
-moves to the next stage with `jax.lax.ppermute`. The backward pass is jax's transpose of that loop. Ticks outside
-a stage's M valid ones compute on zeros or on bubble values that never reach the loss (SPMD runs every stage in
-lock step, as MaxText's iterations do: the bubble costs its compute and its collectives). The logits' batch is
-split over the stages too (MaxText's activation_embed_and_logits_batch: data, stage, fsdp): stage j computes the
-loss of micro-batches [j*M/pp, (j+1)*M/pp), which the last stage sends it.
-
-Circular pipeline (vpp = R > 1, MaxText's num_pipeline_repeats): stage s holds R chunks of L/(pp*R) layers (chunk
-r is global layers (r*pp + s) * L/(pp*R) ...), the M = pp micro-batches go round a ring of stages R times, and
-at tick t stage s runs chunk (t - s) // M on micro-batch (t - s) mod M: M*R + pp - 1 ticks, a bubble of (pp-1)/R
-stages. With M = pp a micro-batch leaving the last stage reaches the first just as its next repeat starts there,
-so the ring shift needs no buffer (MaxText buffers them for M > pp; the validator requires M = pp).
-
-Two forms of the tick loop: unrolled (the default; XLA's cost analysis counts every tick, so FLOPs and
-collectives are read off it) and one lax.scan (Setup.scan_pipeline, as MaxText iterates; planner.validate.compare
-reads the memory figure off it, because in the unrolled step XLA:CPU's scheduler defers every tick's
-weight-gradient products to the end of the backward pass and keeps their inputs). With Setup.gather_stage (the
-TPU memory compile, planner.validate.tpu) each GPipe stage's bf16 weights are gathered over fsdp once, for the
-whole loop, and the loop carries their unsharded bf16 gradient, as MaxText's pipeline holds them (gathered_stage).
+Layers split evenly: stage s holds layers [s*L/pp, (s+1)*L/pp), stacked per stage and sharded over 'pp'; the
+embedding tables and final norm are replicated over 'pp'. The step runs in a shard_map manual over 'pp' and 'dp'
+(the other axes stay automatic, so planner.validate.model's layer code is reused); each gradient is reduced once
+per step. GPipe: at tick t stage s runs micro-batch t - s, M + pp - 1 ticks, `ppermute` between stages, the bubble
+computed too; the logits' batch is split over the stages. Circular (vpp = R > 1, MaxText's num_pipeline_repeats,
+M = pp): stage s holds R chunks of L/(pp*R) layers, M*R + pp - 1 ticks. The tick loop is unrolled (FLOPs and
+collectives) or one lax.scan (Setup.scan_pipeline, the memory figure); Setup.gather_stage gathers a stage's bf16
+weights once for the whole loop, as MaxText's pipeline holds them.
+(details: docs/validator.md)
 """
 
 from __future__ import annotations

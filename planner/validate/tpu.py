@@ -1,27 +1,16 @@
 """Compile the validator's training step for a real TPU topology on a CPU host, and hold the cost model against it.
 
-With `libtpu` installed (`pip install "jax[tpu]"`), `jax.experimental.topologies.get_topology_desc` describes a TPU
-slice (v5p, v5e, v6e) whose devices `jit(...).lower(...).compile()` accepts without any TPU attached: XLA:TPU's
-own compiler runs on the host and reports, per chip, its buffer assignment (`memory_analysis()`: argument,
-output, alias and temp bytes), its cost analysis (FLOPs) and the optimized HLO with every collective. MaxText's
-`train_compile` uses the same mechanism.
+With `libtpu` installed, `jax.experimental.topologies.get_topology_desc` describes a TPU slice whose devices
+`jit(...).lower(...).compile()` accepts with no TPU attached (MaxText's `train_compile` uses the same mechanism):
+XLA:TPU reports per chip its buffer assignment (`memory_analysis()`), FLOPs and the optimized HLO.
 
-What is compiled: the validator's step (planner.validate.model) at FULL width (the model's d_model, heads,
-KV heads, ffn and vocabulary), the real sequence length and the plan's micro-batch per batch shard, bf16
-compute with fp32 parameters and fp32 Adam moments (MaxText's weight_dtype=float32 / dtype=bfloat16 defaults,
-the cost model's `maxtext` convention), donated state, and flash-style attention (planner.validate.flash:
-only q, k, v, the output and the log-sum-exp are kept; no s x s scores).
-
-Depth: by default (scan=True) the step runs its layers under `jax.lax.scan` over stacked [L, ...] fp32 parameters,
-as MaxText does (scan_layers=true), so the FULL depth compiles in the time of one layer and nothing is extrapolated.
-This matters: with unrolled layers XLA:TPU keeps the gradients as bf16 shards and sinks the bf16 cast of the
-weights into each layer's all-gather (about 2 B per parameter held instead of 6), and its scheduler's choices
-vary with the layer count, so a 2- and 4-layer unrolled compile did not extrapolate (the temp bytes fell from 2 to
-4 layers). Two traps of the scanned program are handled: XLA's cost analysis counts a while body once, so the
-step is compiled again with two layers per scan iteration and FLOPs = F1 + (L - 1) * (F2 - F1); and collectives
-inside the loop are weighted by its trip count (read off the loop condition, `i < N`; XLA:TPU may itself unroll
-the loop by two and halve N, which the count follows). scan=False keeps the unrolled step (planner.validate.model),
-compiled with layers[0] and layers[1] layers and extrapolated linearly, X(L) = X(a) + (L - a)(X(b) - X(a))/(b - a).
+What is compiled: the validator's step at full width and the real sequence length, bf16 compute with fp32
+parameters and Adam moments (the cost model's `maxtext` convention), donated state, flash-style attention. By
+default (scan=True) the layers run under `jax.lax.scan` as MaxText does, so the full depth compiles and nothing is
+extrapolated; XLA counts a while body once, so FLOPs = F1 + (L - 1) * (F2 - F1) from a second compile with two
+layers per iteration, and collectives in the loop are weighted by its trip count. scan=False compiles the
+unrolled step at two layer counts and extrapolates linearly.
+(why scanned, and results: docs/validator.md)
 """
 
 from __future__ import annotations
