@@ -5,7 +5,8 @@ can see and keeps only the output and the fp32 log-sum-exp; the backward (`jax.c
 block's probabilities from q, k and the log-sum-exp and accumulates dq, dk, dv (dS = P * (dP - rowsum(dO * O))).
 So the residuals are q, k, v, the output and the log-sum-exp, as the cost model assumes; a score block exists only
 transiently. The loops are unrolled Python loops (XLA's cost analysis counts every block), chained with
-optimization barriers so that one block's scores are live at a time.
+optimization barriers so that one block's scores are live at a time (XLA:CPU drops them:
+docs/validator_random_shapes.md).
 
 Context parallelism: queries arrive as [b, R, sq, ...] (R = cp, query position r*sq + i) with all keys; a key
 block is skipped only if it is above the diagonal for every r, and `attention_flops` counts what is computed.
