@@ -3,13 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 NEAR_LIMIT = 0.05  # a fitting plan within this share of the usable HBM is flagged (Cost.near_limit)
 
 
+class Role(Enum):
+    """What a collective does in the step: programs (the planner's solver) find collectives by role, and by axis
+    where needed; the purpose label is for people and may be reworded freely."""
+
+    TP_ACTIVATION = "tp activation"  # a layer's attention / MLP outputs and their gradients reduced over tp
+    TP_VOCAB = "tp vocab"  # embedding lookup and logits input: partial sums over tp's vocabulary shards
+    SP_REGATHER = "sequence-parallel re-gather"  # the backward's re-gather of sequence-sharded inputs
+    WEIGHT_GATHER = "weight gather"  # a layer's sharded weights gathered ahead of its forward (and backward)
+    WEIGHT_REGATHER = "weight re-gather"  # gathered again in the backward, hidden behind backward + recompute
+    LAYER_GRAD_REDUCE = "layer gradient reduce"  # a layer's gradients reduce-scattered in the backward, hidden
+    # behind backward + recompute
+    GRAD_REDUCE = "gradient reduce"  # gradients reduced once per step (or per stage, after its loop)
+    TABLE_GATHER = "output table gather"  # the sharded output (logits) table gathered
+    TABLE_GRAD_REDUCE = "output table gradient reduce"  # and its gradient reduce-scattered
+    EMBEDDING_EXCHANGE = "embedding exchange"  # looked-up rows of a d-sharded embedding table to their tokens
+    CONTEXT_KV = "context keys/values"  # cp: keys and values gathered, their gradients reduce-scattered
+    EXPERT_EXCHANGE = "expert exchange"  # ep: the MoE layers' token dispatch and combine
+    PIPELINE_TRANSFER = "pipeline transfer"  # pp: activations to the next stage and gradients back
+    ACTIVATION_OFFLOAD = "activation offload"  # offloaded checkpoints to the host and back
+    OPTIMIZER_OFFLOAD = "optimizer offload"  # gradients down, updated parameters up for a host optimizer step
+    PARAM_OFFLOAD = "parameter offload"  # master parameters streamed in from the host, gradients back
+
+
 @dataclass(frozen=True)
 class Collective:
-    """One kind of collective the plan implies, summed over a step, for one chip."""
+    """One kind of collective the plan implies, summed over a step, for one chip (role: what it does; purpose: a
+    label for people)."""
 
     axis: str  # mesh axis: dp, fsdp, tp, cp, pp, ep, or 'host' for offload traffic
     kind: str  # all-gather | reduce-scatter | all-reduce | all-to-all | p2p | d2h/h2d
@@ -19,6 +44,7 @@ class Collective:
     level: str  # scale-up | network | host
     time_s: float  # total time over the step if nothing overlapped
     exposed_s: float  # what remains on the critical path after overlap
+    role: Role
 
 
 @dataclass(frozen=True)
@@ -76,5 +102,5 @@ class Cost:
             "vector_flops_per_step": self.vector_flops_per_step, "convention": self.convention,
             "stage_layers": list(self.stage_layers),
             "breakdown": {"time_s": dict(self.time), "memory_bytes": dict(self.memory)},
-            "collectives": [c.__dict__ for c in self.collectives],
+            "collectives": [{k: v for k, v in c.__dict__.items() if k != "role"} for c in self.collectives],
         }

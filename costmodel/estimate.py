@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from costmodel.constraints import check_plan
-from costmodel.cost import Collective, Cost
+from costmodel.cost import Collective, Cost, Role
 from costmodel.flops import (
     ADAM_OPS,
     Op,
@@ -213,9 +213,10 @@ def head_stages(job: Job, plan: Plan) -> int:
 
 # ---- communication ------------------------------------------------------------------------------------------
 
-def _coll(axis: str, kind: str, purpose: str, count: float, nbytes: float, t_each: float, exposed: float,
-          level: str) -> Collective:
-    return Collective(axis, kind, purpose, int(round(count)), nbytes, level, count * t_each, exposed)
+def _coll(role: Role, axis: str, kind: str, purpose: str, count: float, nbytes: float, t_each: float,
+          exposed: float, level: str) -> Collective:
+    return Collective(axis=axis, kind=kind, purpose=purpose, count=int(round(count)), bytes_each=nbytes, level=level,
+                      time_s=count * t_each, exposed_s=exposed, role=role)
 
 
 def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, accum: int) -> float:
@@ -262,7 +263,7 @@ def expert_exchange(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLi
     moe_layers = (m.n_moe_layers / layer_stages(m, plan) if kinds is None
                   else max(k[1] for k in stage_kinds(m, plan)))
     count = (4 + 2 * rerun) * moe_layers * layer_steps
-    return _coll("ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, link.level)
+    return _coll(Role.EXPERT_EXCHANGE, "ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, link.level)
 
 
 def expert_exchange_floor_s(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> float:
@@ -324,8 +325,9 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
     exposed = max(per_layer_t * (1 - eff.tp_overlap), per_layer_t - eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
     share_att = n_att * t / per_layer_t
     n = s.layers * s.layer_steps
-    out = [_coll("tp", "all-reduce", "activations", n_att * n, nbytes, t, share_att * exposed * n, link.level),
-           _coll("tp", "all-reduce", "MLP activations", n_mlp * n, nbytes * mlp_w, t_mlp,
+    out = [_coll(Role.TP_ACTIVATION, "tp", "all-reduce", "activations", n_att * n, nbytes, t,
+                 share_att * exposed * n, link.level),
+           _coll(Role.TP_ACTIVATION, "tp", "all-reduce", "MLP activations", n_mlp * n, nbytes * mlp_w, t_mlp,
                  (1 - share_att) * exposed * n, link.level)]
     # The vocabulary is split over tp too: the embedding lookup's output is a partial sum over the vocab
     # shards (Megatron's VocabParallelEmbedding all-reduce), and so is the gradient of the logits' input
@@ -336,7 +338,8 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
         n_vocab = 2 * s.micro_steps / plan.pp
     else:
         n_vocab = (2 if plan.pp == 1 else 1) * s.micro_steps
-    out.append(_coll("tp", "all-reduce", "embedding/logits", n_vocab, nbytes, t, n_vocab * t, link.level))
+    out.append(_coll(Role.TP_VOCAB, "tp", "all-reduce", "embedding/logits", n_vocab, nbytes, t, n_vocab * t,
+                     link.level))
     # Sequence parallelism: the backward pass all-gathers the sequence-sharded inputs of the attention and
     # MLP input projections again for their weight gradients (Megatron re-gathers rather than keeping them,
     # Korthikanti et al. 2022, sec. 4.2.2; XLA does the same whenever the norm outputs are recomputed, i.e.
@@ -345,7 +348,7 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
         n_sp = 2 * s.layers * s.layer_steps
         t_ag = collective_time(link, "all-gather", nbytes, eff.link, eff.net)
         exposed_sp = max(2 * t_ag * (1 - eff.tp_overlap), 2 * t_ag - eff.tp_overlap * st.layer_bwd)
-        out.append(_coll("tp", "all-gather", "sequence-parallel re-gather", n_sp, nbytes, t_ag,
+        out.append(_coll(Role.SP_REGATHER, "tp", "all-gather", "sequence-parallel re-gather", n_sp, nbytes, t_ag,
                          exposed_sp * s.layers * s.layer_steps, link.level))
     return out
 
@@ -381,12 +384,14 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
         # the backward's re-gathers hide behind the backward and its recompute. (Listed apart, so that the
         # part recompute can hide is one entry: planner.remat.hideable.)
         exp_g = max(0.0, t_ag - ov * (st.layer_bwd + st.recompute / s.layers))
-        out = [_coll("fsdp", "all-gather", "weights fwd", n, wbytes, t_ag, n * exp_f, lvl),
-               _coll("fsdp", "all-gather", "weights bwd", n, wbytes, t_ag, n * exp_g, lvl),
-               _coll("fsdp", "reduce-scatter", "stage grads", s.layers, gbytes, t_rs, s.layers * t_rs, lvl)]
+        out = [_coll(Role.WEIGHT_GATHER, "fsdp", "all-gather", "weights fwd", n, wbytes, t_ag, n * exp_f, lvl),
+               _coll(Role.WEIGHT_REGATHER, "fsdp", "all-gather", "weights bwd", n, wbytes, t_ag, n * exp_g, lvl),
+               _coll(Role.GRAD_REDUCE, "fsdp", "reduce-scatter", "stage grads", s.layers, gbytes, t_rs,
+                     s.layers * t_rs, lvl)]
     else:
-        out = [_coll("fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f, lvl),
-               _coll("fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl)]
+        out = [_coll(Role.WEIGHT_GATHER, "fsdp", "all-gather", "weights fwd+bwd", 2 * n, wbytes, t_ag, n * exp_f,
+                     lvl),
+               _coll(Role.LAYER_GRAD_REDUCE, "fsdp", "reduce-scatter", "grads", n, gbytes, t_rs, n * exp_b, lvl)]
     # The output projection (logits) table is sharded the same way: gathered once per micro-step and kept for
     # the backward pass, its gradient reduce-scattered once; not hidden (it opens and closes the step). Read
     # off the validator's compiled HLO (planner validate, fsdp plans: one table's bytes each way).
@@ -396,9 +401,10 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
     # MaxText with pp computes the logits once per step, outside its pipeline, for the chip's M / pp
     # micro-batches: one gather and one reduce-scatter of the table.
     n_head = 1 if maxtext_pipeline(job, plan) else s.micro_steps
-    out.append(_coll("fsdp", "all-gather", "output table", n_head, table * BF16, t_eag, n_head * t_eag, lvl))
-    out.append(_coll("fsdp", "reduce-scatter", "output table grads", n_head, table * mem.grad_reduce_bytes,
-                     t_ers, n_head * t_ers, lvl))
+    out.append(_coll(Role.TABLE_GATHER, "fsdp", "all-gather", "output table", n_head, table * BF16, t_eag,
+                     n_head * t_eag, lvl))
+    out.append(_coll(Role.TABLE_GRAD_REDUCE, "fsdp", "reduce-scatter", "output table grads", n_head,
+                     table * mem.grad_reduce_bytes, t_ers, n_head * t_ers, lvl))
     if job.framework == "maxtext":
         # The input embedding lookup runs on the d-sharded table (GSPMD partitions the gather along the table's
         # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all per
@@ -407,8 +413,8 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
         rows = s.tokens * m.d_model * BF16
         for lk in (lk for lk in wlinks if lk.size > 1):
             t_a2a = collective_time(lk, "all-to-all", rows, chip.eff.link, chip.eff.net)
-            out.append(_coll("fsdp", "all-to-all", "embedding rows", 2 * s.micro_steps, rows, t_a2a,
-                             2 * s.micro_steps * t_a2a, lvl))
+            out.append(_coll(Role.EMBEDDING_EXCHANGE, "fsdp", "all-to-all", "embedding rows", 2 * s.micro_steps,
+                             rows, t_a2a, 2 * s.micro_steps * t_a2a, lvl))
     return out
 
 
@@ -432,21 +438,21 @@ def gradient_reductions(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: d
     if dp_reduces:
         gbytes = (mem.grad_elems_for_reduce - shared - pp_tables) * mem.grad_reduce_bytes
         t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)
-        out.append(_coll("dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes, t,
+        out.append(_coll(Role.GRAD_REDUCE, "dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes, t,
                          max(0.0, t - ov * st.bwd), links["dp"].level))
     if moe_ep:
         group = [links["dp"], links["ep"]] if dp_reduces else [links["ep"]]
         gbytes = shared * mem.grad_reduce_bytes
         t = group_time(group, "all-reduce", gbytes, chip)
-        out.append(_coll("dp+ep" if len(group) > 1 else "ep", "all-reduce", "non-expert grads", 1, gbytes, t,
-                         max(0.0, t - ov * st.bwd), group[-1].level))
+        out.append(_coll(Role.GRAD_REDUCE, "dp+ep" if len(group) > 1 else "ep", "all-reduce", "non-expert grads", 1,
+                         gbytes, t, max(0.0, t - ov * st.bwd), group[-1].level))
     if pp_tables:
         group = ([links["dp"]] if dp_reduces else []) + ([links["ep"]] if moe_ep else []) + [links["pp"]]
         gbytes = pp_tables * mem.grad_reduce_bytes
         t = group_time(group, "all-reduce", gbytes, chip)
         axis = "+".join(a for a, n in (("dp", dp_reduces), ("ep", moe_ep), ("pp", True)) if n)
-        out.append(_coll(axis, "all-reduce", "embedding table grads", 1, gbytes, t, max(0.0, t - ov * st.bwd),
-                         links["pp"].level))
+        out.append(_coll(Role.GRAD_REDUCE, axis, "all-reduce", "embedding table grads", 1, gbytes, t,
+                         max(0.0, t - ov * st.bwd), links["pp"].level))
     return out
 
 
@@ -463,8 +469,10 @@ def context_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Ax
     # FlashAttention-2, Dao 2023, sec. 3.1). The exposed time is split over the three collectives equally.
     exposed = n * (max(0.0, t - ov * st.attention_fwd / s.layers)
                    + max(0.0, 2 * t - ov * 2.5 * st.attention_fwd / s.layers))
-    return [_coll("cp", "all-gather", "keys/values", 2 * n, kv_bytes, t, exposed * 2 / 3, link.level),
-            _coll("cp", "reduce-scatter", "key/value grads", n, kv_bytes, t, exposed / 3, link.level)]
+    return [_coll(Role.CONTEXT_KV, "cp", "all-gather", "keys/values", 2 * n, kv_bytes, t, exposed * 2 / 3,
+                  link.level),
+            _coll(Role.CONTEXT_KV, "cp", "reduce-scatter", "key/value grads", n, kv_bytes, t, exposed / 3,
+                  link.level)]
 
 
 def stage_transfers(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink,
@@ -480,11 +488,11 @@ def stage_transfers(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLi
         count = 2 * (plan.vpp * s.micro_steps + plan.pp - 2)
         share = s.micro_steps / plan.pp * p_bytes
         t_out = collective_time(link, "p2p", share, chip.eff.link, chip.eff.net)
-        out.append(_coll("pp", "p2p", "outputs to the logits' batch shards", 2 * (plan.pp - 1), share, t_out,
-                         2 * (plan.pp - 1) * t_out, link.level))
+        out.append(_coll(Role.PIPELINE_TRANSFER, "pp", "p2p", "outputs to the logits' batch shards",
+                         2 * (plan.pp - 1), share, t_out, 2 * (plan.pp - 1) * t_out, link.level))
     else:
         count = 2 * plan.vpp * s.micro_steps
-    out.append(_coll("pp", "p2p", "activations", count, p_bytes, t, count * t, link.level))
+    out.append(_coll(Role.PIPELINE_TRANSFER, "pp", "p2p", "activations", count, p_bytes, t, count * t, link.level))
     return out
 
 
@@ -498,17 +506,18 @@ def host_transfers(chip: Chip, plan: Plan, st: StageTimes, mem: MemoryTerms, s: 
         n = s.layers * s.micro_steps
         hov = chip.eff.host_overlap
         exposed = n * (max(0.0, t - hov * st.layer_fwd) + max(0.0, t - hov * st.layer_bwd))
-        out.append(_coll("host", "d2h/h2d", "activations", 2 * n, off_bytes, t, exposed, "host"))
+        out.append(_coll(Role.ACTIVATION_OFFLOAD, "host", "d2h/h2d", "activations", 2 * n, off_bytes, t, exposed,
+                         "host"))
     if plan.offload_optimizer:
         # Gradients down, updated parameters up, once per step, not overlapped (they bracket the update).
         nbytes = mem.optimizer_param_elems * (mem.grad_bytes + BF16)
         t = nbytes / chip.host_link_Bps
-        out.append(_coll("host", "d2h/h2d", "optimizer", 1, nbytes, t, t, "host"))
+        out.append(_coll(Role.OPTIMIZER_OFFLOAD, "host", "d2h/h2d", "optimizer", 1, nbytes, t, t, "host"))
     if plan.offload_params:
         # Master parameters stream in before the forward pass and gradients stream back: once per step.
         nbytes = mem.param_elems * 2 * mem.param_bytes
         t = nbytes / chip.host_link_Bps
-        out.append(_coll("host", "d2h/h2d", "parameters", 1, nbytes, t, t, "host"))
+        out.append(_coll(Role.PARAM_OFFLOAD, "host", "d2h/h2d", "parameters", 1, nbytes, t, t, "host"))
     return out
 
 

@@ -53,7 +53,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from costmodel.cost import Cost
+from costmodel.cost import Cost, Role
 from costmodel.estimate import estimate, stage_times
 from costmodel.job import Job
 from costmodel.memory import maxtext_pipeline, memory_terms, pipeline_inflight, schedules_to_hbm
@@ -140,18 +140,19 @@ def min_memory_choice(cons: Constraints) -> Choice:
     return Choice(make_remat(pick), o, p)
 
 
-def exposed(cost: Cost, axis: str, purpose: str) -> float:
-    return sum(c.exposed_s for c in cost.collectives if c.axis == axis and c.purpose == purpose)
+def exposed(cost: Cost, role: Role) -> float:
+    """The exposed seconds of the collectives of one role (found by role, never by their labels)."""
+    return sum(c.exposed_s for c in cost.collectives if c.role is role)
 
 
 def hideable(cost: Cost) -> float:
-    """The exposed weight-sharding traffic that recomputation hides (costmodel.estimate: the gradients'
-    reduce-scatter, or under a MaxText pipeline the backward's weight re-gathers), max(0, a - b * recompute)."""
-    return exposed(cost, "fsdp", "grads") + exposed(cost, "fsdp", "weights bwd")
+    """The exposed weight-sharding traffic that recomputation hides (costmodel.estimate: the layers' gradient
+    reduce-scatters, or under a MaxText pipeline the backward's weight re-gathers), max(0, a - b * recompute)."""
+    return exposed(cost, Role.LAYER_GRAD_REDUCE) + exposed(cost, Role.WEIGHT_REGATHER)
 
 
-def _collective(cost: Cost, axis: str, purpose: str):
-    return next((c for c in cost.collectives if c.axis == axis and c.purpose == purpose), None)
+def _collective(cost: Cost, role: Role):
+    return next((c for c in cost.collectives if c.role is role), None)
 
 
 def _act(cost: Cost) -> float:
@@ -412,8 +413,7 @@ class _Prober:
         self.xla_floor = schedules_to_hbm(job)
         # Time that appears once anything is recomputed: the sequence-parallel re-gather and, under MaxText (a JAX
         # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
-        self.once_comm = [("tp", "sequence-parallel re-gather")] + (
-            [("ep", "tokens")] if job.framework == "maxtext" else [])
+        self.once_comm = [Role.SP_REGATHER] + ([Role.EXPERT_EXCHANGE] if job.framework == "maxtext" else [])
         self.c0 = base if base is not None else self.run(_choice(NONE))
         self.ev.setdefault(_choice(NONE), self.c0)
 
@@ -426,11 +426,11 @@ class _Prober:
 
     def once_time(self, c: Cost) -> float:
         """The exposed time of the once-terms in c beyond c0's."""
-        return sum(exposed(c, axis, what) - exposed(self.c0, axis, what) for axis, what in self.once_comm)
+        return sum(exposed(c, role) - exposed(self.c0, role) for role in self.once_comm)
 
     def lin(self, c: Cost) -> float:
         """Step time less the terms the surrogate models apart (hideable traffic, offload, the once-terms)."""
-        return c.step_time_s - hideable(c) - exposed(c, "host", "activations") - self.once_time(c)
+        return c.step_time_s - hideable(c) - exposed(c, Role.ACTIVATION_OFFLOAD) - self.once_time(c)
 
     def rest(self, c: Cost) -> float:
         """The memory the fit check reads, less the activations the remat choices set."""
@@ -515,7 +515,7 @@ def _recompute_terms(s: Surrogate, pr: _Prober, remat_probes: dict[str, Cost], c
 def _offload_terms(s: Surrogate, pr: _Prober, offload_probes: dict[str, Cost]) -> None:
     """Activation offload: its traffic per tensor, the compute that hides it, and the host memory it takes, from
     each tensor alone offloaded."""
-    acts = {t: _collective(offload_probes[t], "host", "activations") for t in TENSORS}
+    acts = {t: _collective(offload_probes[t], Role.ACTIVATION_OFFLOAD) for t in TENSORS}
     n = next((a.count / 2 for a in acts.values() if a is not None and a.count), 0.0)
     s.n_tau = {t: (a.time_s / 2 if a is not None else 0.0) for t, a in acts.items()}
     if n:
@@ -610,7 +610,7 @@ def _offload_thresholds(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, n: float
     pts = [(a.time_s / a.count, a.exposed_s / n) for a in acts.values() if a is not None and a.count]
     tau, e = max(pts, key=lambda p: (p[1], p[0]))
     if e <= 0:
-        a = _collective(all_offloaded(), "host", "activations")
+        a = _collective(all_offloaded(), Role.ACTIVATION_OFFLOAD)
         tau, e = a.time_s / a.count, a.exposed_s / n
         if e <= 0:
             return (n * tau, n * tau)
