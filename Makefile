@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: suggest test lint bench fuzz clean
+.PHONY: suggest test lint bench fuzz clean notebooks
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,11 @@ bench: $(STAMP)
 
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_properties.py tests/test_invariants.py
+
+# Re-run every notebook and store its outputs (text and plots); tests/test_notebooks.py fails until this is rerun
+# after a change that moves a printed figure.
+notebooks: $(STAMP)
+	$(BIN)/python notebooks/render.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
