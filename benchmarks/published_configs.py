@@ -189,7 +189,8 @@ def run_case(case: dict, models: dict, tmp: Path, best: dict[str, tuple[float, s
         row.update(pub_step=pub["step_time_s"], pub_mfu=pub["mfu"], pub_mem=mem_share(pub), pub_fits=pub["fits"])
     if top:
         row.update(top=short(top["plan"]), top_step=top["step_time_s"], top_mfu=top["mfu"], top_mem=mem_share(top),
-                   top_fits=top["fits"])
+                   top_fits=top["fits"], top_flags=top.get("extrapolations"),
+                   top_interval=top.get("step_time_interval_s"))
     if pinned:
         row.update(pinned=short(pinned["plan"]), pinned_step=pinned["step_time_s"])
     return {**row, **checks(row)}
@@ -205,14 +206,15 @@ def checks(row: dict) -> dict:
             "top_slower": None if not have else row["top_step"] > row["pub_step"],
             "fits95": None if "top_mem" not in row else row["top_fits"] and row["top_mem"] <= FIT_SHARE,
             "mfu_above_best": None if best is None or "top_mfu" not in row else row["top_mfu"] > best + MFU_MARGIN,
+            "flagged": None if row.get("top_flags") is None else bool(row["top_flags"]),
             "pinned_speedup": row["pub_step"] / row["pinned_step"] if "pub_step" in row and "pinned_step" in row
             else None}
 
 
 COLUMNS = (("case", 26), ("chips x hw", 16), ("fw", 8), ("pub s", 8), ("pub MFU", 7), ("pub mem", 7),
            ("top s", 8), ("top MFU", 7), ("top mem", 7), ("speedup", 7), ("target", 6), ("<=tgt", 5),
-           ("slower", 6), ("fit95", 5), ("best meas", 9), (">+5pt", 5), ("pinned x", 8), ("suggest s", 9),
-           ("cpu s", 6))
+           ("slower", 6), ("fit95", 5), ("best meas", 9), (">+5pt", 5), ("flagged", 7), ("pinned x", 8),
+           ("suggest s", 9), ("cpu s", 6))
 
 
 def aligned(cells: list[str]) -> str:
@@ -231,14 +233,21 @@ def _num(v: float | None, fmt: str) -> str:
 
 def table_line(row: dict) -> str:
     """One row of the main table (predicted figures only; the best measured MFU is the family's, from data/runs)."""
+    slower = _yn(row["top_slower"]) + ("" if row.get("pub_fits", True) else "*")  # *: published does not fit
     cells = [row["id"], f"{row['chips']} x {row['hardware']}", row["framework"],
              _num(row.get("pub_step"), ".3f"), _num(row.get("pub_mfu"), ".1%"), _num(row.get("pub_mem"), ".0%"),
              _num(row.get("top_step"), ".3f"), _num(row.get("top_mfu"), ".1%"), _num(row.get("top_mem"), ".0%"),
              _num(row["speedup"], ".3f"), f"{row['target']:.2f}", _yn(row["within_target"]),
-             _yn(row["top_slower"]), _yn(row["fits95"]), _num(row["best_measured_mfu"], ".1%"),
-             _yn(row["mfu_above_best"]), _num(row["pinned_speedup"], ".3f"), f"{row['suggest_s']:.2f}",
-             f"{row['suggest_cpu_s']:.2f}"]
+             slower, _yn(row["fits95"]), _num(row["best_measured_mfu"], ".1%"),
+             _yn(row["mfu_above_best"]), _yn(row["flagged"]), _num(row["pinned_speedup"], ".3f"),
+             f"{row['suggest_s']:.2f}", f"{row['suggest_cpu_s']:.2f}"]
     return aligned(cells)
+
+
+def interval(row: dict) -> str:
+    """The top plan's step-time interval, where suggest gives one."""
+    iv = row.get("top_interval")
+    return f"  (step time interval {iv[0]:.3f}-{iv[1]:.3f} s)" if iv else ""
 
 
 def details(row: dict) -> list[str]:
@@ -248,8 +257,9 @@ def details(row: dict) -> list[str]:
     assumed = f"  ASSUMED: {', '.join(row['assumed'])}" if row["assumed"] else ""
     lines = [f"{row['id']}  [{'; '.join(tags)}]",
              f"  published: {row['published']}{fits}{assumed}",
-             f"  top:       {row.get('top', 'none: ' + row['top_error'])}",
+             f"  top:       {row.get('top', 'none: ' + row['top_error'])}{interval(row)}",
              f"  pinned:    {row.get('pinned', 'none: ' + row['pinned_error'])}  (published mesh fixed)"]
+    lines += [f"  top plan's extrapolation: {x}" for x in row.get("top_flags") or []]
     if row["pub_error"]:
         lines.append(f"  published plan refused by estimate: {row['pub_error']}")
     lines += [f"  not expressible: {x}" for x in row["not_expressible"]]
@@ -266,10 +276,13 @@ def summary(rows: list[dict]) -> list[str]:
     return [f"# {n} cases; speedup = published / top predicted step time (same cost model on both sides)",
             f"# within target: {sum(1 for r in rows if r['within_target'])}/{n}"
             + (f"; largest claim {worst['speedup']:.3f}x ({worst['id']})" if worst else ""),
-            f"# top plan slower than published: {sum(1 for r in rows if r['top_slower'])}/{n}",
+            f"# top plan slower than published: {sum(1 for r in rows if r['top_slower'])}/{n} ("
+            f"{sum(1 for r in rows if r['top_slower'] and not r.get('pub_fits', True))} of them where the published "
+            "plan does not fit by the model's memory: marked *)",
             f"# top plan within {FIT_SHARE:.0%} of usable HBM: {sum(1 for r in rows if r['fits95'])}/{n}",
             f"# top plan MFU > best measured + {MFU_MARGIN * 100:.0f} pt: "
-            f"{sum(1 for r in rows if r['mfu_above_best'])}/{n}",
+            f"{sum(1 for r in rows if r['mfu_above_best'])}/{n}, of them without an extrapolation flag: "
+            f"{sum(1 for r in rows if r['mfu_above_best'] and r['flagged'] is not True)}",
             f"# suggest time (wall / CPU of this process): max {max(r['suggest_s'] for r in rows):.2f} / "
             f"{max(r['suggest_cpu_s'] for r in rows):.2f} s, total {sum(r['suggest_s'] for r in rows):.1f} / "
             f"{sum(r['suggest_cpu_s'] for r in rows):.1f} s",
@@ -289,9 +302,11 @@ def provenance() -> str:
 def render(rows: list[dict]) -> str:
     head = aligned([h for h, _ in COLUMNS])
     legend = ("# pub/top mem: share of the usable HBM the fit check reads; <=tgt: speedup within target; slower: top "
-              "plan slower than published; fit95: top plan within 95 % of usable HBM; best meas: best measured MFU "
-              "of the chip family in data/runs; >+5pt: top MFU above it by more than 5 points; pinned x: published / "
-              "best plan with the published mesh fixed; suggest s, cpu s: the default suggest call, wall and CPU.\n"
+              "plan slower than published (*: the published plan does not fit by the model); fit95: top plan within "
+              "95 % of usable HBM; best meas: best measured MFU of the chip family in data/runs; >+5pt: top MFU above "
+              "it by more than 5 points; flagged: suggest lists an extrapolation for the top plan (-: no such field); "
+              "pinned x: published / best plan with the published mesh fixed; suggest s, cpu s: the default suggest "
+              "call, wall and CPU.\n"
               "# plans: degrees above 1, vpp, mb = micro-batch per replica, z = zero stage over dp, remat policy; "
               "custom(Nd/Nr/No) = of the 6 saved tensors per layer N kept on device, recomputed, offloaded to host; "
               "+opt/+par = optimizer state / parameters on host")

@@ -95,6 +95,7 @@ def test_one_case_end_to_end(tmp_path):
     assert row["fits95"] == (row["top_fits"] and row["top_mem"] <= pc.FIT_SHARE)
     assert row["mfu_above_best"] == (row["top_mfu"] > 0.70 + pc.MFU_MARGIN)
     assert row["within_target"] == (row["speedup"] <= 1.2)
+    assert row["flagged"] == (None if row.get("top_flags") is None else bool(row["top_flags"]))
     assert row["pinned_speedup"] == pytest.approx(row["pub_step"] / row["pinned_step"])
     assert 0 < row["suggest_s"] < 60
     lines = pc.render([row]).splitlines()
