@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -97,10 +98,14 @@ def estimate(
     if save_plan_to:
         save_plan(save_plan_to, model if (model and pf is None) else m, hw_ref, chips, job, plan, cost,
                   flag="--save-plan")
+    from costmodel.interval import step_time_interval
+
+    iv = step_time_interval(cost, chip, job, plan)
     if as_json:
-        print_json({"model": m.name, "hardware": chip.name, "chips": chips, "plan": plan_dict(plan), **cost.to_dict()})
+        print_json({"model": m.name, "hardware": chip.name, "chips": chips, "plan": plan_dict(plan), **cost.to_dict(),
+                    **iv.to_dict()})
         return
-    print_cost(cost, f"{m.name} on {chips} x {chip.name}: {plan_summary(plan)}")
+    print_cost(cost, f"{m.name} on {chips} x {chip.name}: {plan_summary(plan)}", interval=iv)
 
 
 def _override_plan(plan, flags: dict, remat: str | None, offload: list[str] | None, no_sp: bool):
@@ -302,7 +307,14 @@ def calibrate(
         typer.echo(f"{name}: {stats['rows']} rows ({stats['fit_rows']} fitted, {len(stats['sources'])} sources), "
                    f"in-sample MAPE {stats['mape_pct']:.1f}%, worst {stats['worst_pct']:.1f}%  [{vals}]{where}")
     if write_shipped:
+        from costmodel import evidence
+        from costmodel.calibrate import fit_rows_unweighted, fit_sources
         from hardware.errors import escape as plain
+
+        fit = fit_sources if weighting == "sources" else fit_rows_unweighted
+        where = evidence.write(evidence.build(list(file), list(evaluate or ()), fit), directory,
+                               "+".join(Path(f).name for f in file))
+        typer.echo(f"evidence for the step-time intervals -> {shown_path(where, 1000)}")
 
         for name, f in _stored_accuracy()["families"].items():
             typer.echo(f"out of source (leave-source-out) {plain(str(name))}: MAPE "

@@ -164,6 +164,11 @@ def print_explanation(ex, console: Console | None = None) -> None:
                   + (f", needs {c.fit_memory_bytes / GIB:.2f}" if c.fit_below_total else "")
                   + f" ({fit})   "
                   f"grad accumulation {c.grad_accum}")
+    if ex.interval is not None:
+        from cli.render import interval_text, print_interval_notes
+
+        console.print(f"step time range {interval_text(ex.interval)}")
+        print_interval_notes(ex.interval, console)
     t = Table(title="where the step goes", title_justify="left")
     t.add_column("part")
     t.add_column("seconds", justify="right")

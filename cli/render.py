@@ -59,7 +59,21 @@ def stage_layers_text(split: tuple[int, ...]) -> str:
     return f"{mid} each" if first == mid == last else f"{first} / {mid} / {last} (first / middle / last)"
 
 
-def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
+def interval_text(iv) -> str:
+    """'2.91 .. 4.02 s (80 %)' for a costmodel.interval.Interval."""
+    from costmodel.interval import LEVEL
+
+    return f"{iv.low_s:.3f} .. {iv.high_s:.3f} s ({LEVEL * 100:.0f} % likely)"
+
+
+def print_interval_notes(iv, console: Console) -> None:
+    """The interval's basis and the plan's extrapolations, one line each."""
+    console.print(f"range from {escape(iv.basis)}")
+    for note in iv.extrapolations:
+        console.print(f"  extrapolation: {escape(note)}")
+
+
+def print_cost(cost: Cost, title: str, console: Console | None = None, interval=None) -> None:
     console = console or Console()
     head = Table(title=shown(title), show_header=False)
     head.add_column("metric", style="bold")
@@ -72,7 +86,8 @@ def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
         notes.append(f"within {NEAR_LIMIT:.0%} of the HBM: compile first")
     if notes:
         fit = f"yes ({'; '.join(notes)})"
-    for k, v in (("step time", f"{cost.step_time_s:.3f} s"), ("MFU", f"{cost.mfu * 100:.1f} %"),
+    rng = (("step time range", interval_text(interval)),) if interval is not None else ()
+    for k, v in (("step time", f"{cost.step_time_s:.3f} s"), *rng, ("MFU", f"{cost.mfu * 100:.1f} %"),
                  ("HFU", f"{cost.hfu * 100:.1f} %"), ("tokens/s", f"{cost.tokens_per_s:,.0f}"),
                  ("TFLOP/s per chip", f"{cost.tflops_per_chip:.1f}"),
                  ("memory per chip", f"{cost.peak_memory_bytes / GIB:.2f} / {cost.hbm_usable_bytes / GIB:.1f} GiB"),
@@ -86,6 +101,8 @@ def print_cost(cost: Cost, title: str, console: Console | None = None) -> None:
     if cost.host_memory_bytes:
         head.add_row("host memory per chip", f"{cost.host_memory_bytes / GIB:.2f} GiB")
     console.print(head)
+    if interval is not None:
+        print_interval_notes(interval, console)
     t = Table(title="step time breakdown")
     t.add_column("part")
     t.add_column("seconds", justify="right")

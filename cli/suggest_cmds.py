@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from typing import TYPE_CHECKING
@@ -79,7 +80,8 @@ def result_dict(rank: int, r) -> dict:
             "peak_memory_bytes": c.peak_memory_bytes, "fit_memory_bytes": c.fit_memory_bytes,
             "hbm_usable_bytes": c.hbm_usable_bytes,
             "host_memory_bytes": c.host_memory_bytes, "fits": c.fits, "dominant": c.dominant,
-            "breakdown_time_s": dict(c.time)}
+            "within_headroom": not r.in_margin, "breakdown_time_s": dict(c.time),
+            **(r.interval.to_dict() if r.interval else {})}
 
 
 def goodput_fields(g) -> dict:
@@ -90,6 +92,7 @@ def suggestion_dict(s) -> dict:
     out = {"model": s.model.name, "hardware": s.chip.name, "chips": s.chips, "slices": s.slices,
            "job": {"seq_len": s.job.seq_len, "global_batch": s.job.global_batch, "tokens_per_batch": s.job.tokens,
                    "precision": s.job.precision, "framework": s.job.framework},
+           "ranked_by": s.ranked_by, "headroom": s.headroom,
            "constraints": s.constraints.describe(), "search": s.stats.to_dict(),
            "plans": [result_dict(i + 1, r) for i, r in enumerate(s.plans)]}
     gp = s.goodput
@@ -125,7 +128,8 @@ def print_suggestion(s) -> None:
         return
     t = Table(title=escape(f"top {len(s.plans)} plans: {head}"))
     gp = s.goodput
-    cols = ["#", "degrees", "mb x accum", "remat / offload", "step s", "MFU", "tokens/s", "GiB need/usable", "dominant"]
+    cols = ["#", "degrees", "mb x accum", "remat / offload", "step s", "80 % range s", "MFU", "tokens/s",
+            "GiB need/usable", "dominant"]
     if gp:
         cols += ["days", "goodput"] + (["cost"] if any(g.cost for g in gp.values()) else [])
     for col in cols:
@@ -133,8 +137,11 @@ def print_suggestion(s) -> None:
         t.add_column(col, justify="left" if left else "right")
     for i, r in enumerate(s.plans, 1):
         c = r.cost
-        row = [str(i), degrees(r.plan), f"{r.plan.micro_batch} x {c.grad_accum}", fates(r.plan),
-               f"{c.step_time_s:.3f}", f"{c.mfu * 100:.1f}%", f"{c.tokens_per_s:,.0f}",
+        iv = r.interval
+        row = [f"{i}{'*' if r.in_margin else ''}", degrees(r.plan), f"{r.plan.micro_batch} x {c.grad_accum}",
+               fates(r.plan), f"{c.step_time_s:.3f}", f"{iv.low_s:.2f}-{iv.high_s:.2f}" if iv else "",
+               f"{c.mfu * 100:.1f}%{'!' if iv and iv.best_mfu and c.mfu > iv.best_mfu else ''}",
+               f"{c.tokens_per_s:,.0f}",
                f"{c.fit_memory_bytes / GIB:.1f}/{c.hbm_usable_bytes / GIB:.1f}", c.dominant]
         if gp:
             g = gp[id(r)]
@@ -142,6 +149,7 @@ def print_suggestion(s) -> None:
             row += [f"{g.cost:,.0f}"] if "cost" in cols else []
         t.add_row(*row)
     console.print(t)
+    print_flags(s, console)
     st = s.stats
     console.print(f"searched {st.candidates} mesh candidates{' exhaustively' if st.exhaustive else ''}: "
                   f"{st.infeasible} found not to fit, {st.bounded} costed for a bound, {st.solved} solved"
@@ -150,28 +158,47 @@ def print_suggestion(s) -> None:
     best = s.plans[0]
     console.print(f"[bold]best plan[/bold]: {degrees(best.plan)}, micro-batch {best.plan.micro_batch} "
                   f"x {best.cost.grad_accum} accumulation steps; {fates(best.plan)}")
-    print_cost(best.cost, "best plan", console)
+    print_cost(best.cost, "best plan", console, interval=best.interval)
     if len(s.plans) > 1:
         console.print("why #1: " + why_better(best, s.plans[1]))
 
 
-def export_conventions(cons: Constraints, export: str | None, framework: str | None,
-                       precision: str) -> tuple[Constraints, str]:
-    """(constraints, framework) for the search: with --export maxtext|megatron only plans that framework runs
-    exactly as costed (its conventions; Megatron's layout rules, planner.export_megatron)."""
-    if export not in ("maxtext", "megatron"):
-        return cons, framework or "maxtext"
-    if framework not in (None, export):
+def print_flags(s, console) -> None:
+    """What the table's marks mean, and each plan's extrapolations (costmodel.interval)."""
+    from rich.markup import escape
+
+    head = (f"ranked by {'the slow end of the 80 % range' if s.ranked_by == 'conservative' else s.ranked_by}"
+            if not s.goodput else "ranked by days to train")
+    marks = [head]
+    if any(r.in_margin for r in s.plans):
+        marks.append(f"*: fits, but inside the {s.headroom * 100:g} % headroom (listed after the others)")
+    if any(r.interval and r.interval.best_mfu and r.cost.mfu > r.interval.best_mfu for r in s.plans):
+        marks.append("!: MFU above the best measured on this chip family")
+    console.print("; ".join(marks))
+    for i, r in enumerate(s.plans, 1):
+        for note in (r.interval.extrapolations if r.interval else ()):
+            console.print(f"  #{i} extrapolates: {escape(note)}")
+
+
+def export_conventions(cons: Constraints, export: str | None, framework: str | None, precision: str,
+                       chip) -> tuple[Constraints, str]:
+    """(constraints, framework) for the search. The framework is --framework, else the --export format's, else the
+    chip's default (planner.solve.default_framework); under megatron only the plans Megatron-LM runs exactly as
+    costed are searched (planner.export_megatron.megatron_constraints), as under maxtext only MaxText's."""
+    from planner.solve import default_framework
+
+    if export in ("maxtext", "megatron") and framework not in (None, export):
         raise InputError(f"--framework {framework}: --export {export} searches under {export}'s conventions; "
                          f"drop --framework or give --framework {export}")
-    if export == "megatron":
+    framework = framework or (export if export in ("maxtext", "megatron") else default_framework(chip))
+    if framework == "megatron":
         from planner.export_megatron import megatron_constraints
 
         if precision == "int8":
             raise InputError("--precision int8: Megatron-LM trains in bf16, fp16 or fp8; expected bf16 or fp8 "
-                             "with --export megatron")
+                             "under --framework megatron")
         cons = megatron_constraints(cons)
-    return cons, export
+    return cons, framework
 
 
 def check_outputs(save: str | None, out: str | None) -> None:
@@ -218,7 +245,7 @@ def suggest(
                                  "micro_batch (mb), zero, remat (a policy name), offload_optimizer, offload_params."),
     framework: str = typer.Option(None, "--framework",
                                   help="State/collective conventions: maxtext, megatron, pytorch-fsdp or deepspeed "
-                                       "[maxtext; megatron with --export megatron]."),
+                                       "[maxtext on TPUs, megatron on GPUs]."),
     precision: str = o.PRECISION,
     exhaustive: bool = typer.Option(False, "--exhaustive", help="Solve every mesh candidate (no pruning; a check "
                                     "of the default search, seconds to minutes)."),
@@ -232,10 +259,14 @@ def suggest(
                                      help="Rank the plans by expected days to train this many tokens (e.g. 15T), "
                                           "failures and checkpoints included, instead of by step time."),
     price: float = typer.Option(None, "--price", help="Price per chip-hour, for the cost column of --train-tokens."),
+    headroom: float = typer.Option(5.0, "--headroom", help="Percent of the usable HBM a plan must leave free to be "
+                                   "listed first; plans that fit only inside it follow, marked *."),
+    rank: str = typer.Option("conservative", "--rank", help="conservative: by the slow end of each plan's 80 % "
+                             "step-time range; expected: by the predicted step time."),
 ) -> None:
     """Search meshes, micro-batching, remat and offload for the fastest plans that fit in memory."""
     from planner.candidates import default_batch_for, parse_fix
-    from planner.solve import search
+    from planner.solve import suggest as suggest_plans
 
     m, chip = o.resolve(model, hardware)
     o.positive("--chips", chips)
@@ -244,7 +275,10 @@ def suggest(
     check_outputs(save, out)
     if global_batch is not None and tokens_per_batch is not None:
         raise InputError("--global-batch and --tokens-per-batch: give one of them, not both")
-    cons, framework = export_conventions(parse_fix(fix, max_tp, slices), export, framework, precision)
+    if not (math.isfinite(headroom) and 0 <= headroom < 100):
+        raise InputError(f"--headroom: expected a percent of the usable HBM from 0 to below 100, got {headroom}")
+    named = framework
+    cons, framework = export_conventions(parse_fix(fix, max_tp, slices), export, framework, precision, chip)
     note = ""
     if global_batch is None:
         o.make_job(seq_len, 1, precision, framework)  # check the job fields first
@@ -259,7 +293,11 @@ def suggest(
     budget = None if train_tokens is None else parse_count(train_tokens, "--train-tokens")
     if price is not None and (budget is None or not price > 0):
         raise InputError(f"--price: expected a positive price per chip-hour together with --train-tokens, got {price}")
-    result = search(m, chip, job, chips, cons, top=top, exhaustive=exhaustive)
+    result = suggest_plans(m, chip, job, chips, cons, top=top, exhaustive=exhaustive, headroom=headroom / 100,
+                           rank=rank)
+    if named is None and export is None:
+        note = "; ".join(x for x in (note, f"framework {framework}: the default on {chip.vendor.upper()}s "
+                                           "(--framework to change)") if x)
     if budget is not None:
         rerank_by_time_to_train(result, budget, price)
     if as_json:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from costmodel.cost import Cost
 from costmodel.estimate import dcn_split, estimate, op_time, stage_times
 from costmodel.flops import layer_ops, logits_op
+from costmodel.interval import Interval, step_time_interval
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import REMAT_POLICIES, Plan, Remat
@@ -101,6 +102,7 @@ class Explanation:
     memory: dict[str, float]  # category -> bytes per chip (the busiest stage)
     bottleneck: Bottleneck
     what_ifs: tuple[WhatIf, ...] = field(default_factory=tuple)
+    interval: Interval | None = None  # the step time's likely range (costmodel.interval)
 
     @property
     def headroom_bytes(self) -> float:
@@ -132,6 +134,7 @@ class Explanation:
             "skipped_what_ifs": [w.to_dict() for w in self.what_ifs if w.cost is None],
             "best_what_if": best.label if best else None,
             "cost": self.cost.to_dict(),
+            **(self.interval.to_dict() if self.interval else {}),
         }
 
 
@@ -489,4 +492,4 @@ def explain(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None = 
     wf = waterfall(m, chip, job, plan, cost)
     wi = what_ifs(m, chip, job, plan, chips, cost, with_planner) if with_what_ifs else []
     return Explanation(m.name, chip.name, chips, plan, cost, tuple(wf), dict(cost.memory),
-                       bottleneck(cost, chip, job, plan), tuple(wi))
+                       bottleneck(cost, chip, job, plan), tuple(wi), step_time_interval(cost, chip, job, plan))

@@ -30,8 +30,9 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from costmodel.cost import Cost
+from costmodel.cost import NEAR_LIMIT, Cost
 from costmodel.estimate import estimate, expert_exchange_floor_s, stage_times
+from costmodel.interval import Interval, step_time_interval
 from costmodel.job import Job
 from costmodel.memory import memory_terms
 from costmodel.model import ModelSpec
@@ -59,6 +60,8 @@ class PlanResult:
     plan: Plan
     cost: Cost
     mesh: Mesh
+    interval: Interval | None = None  # the step time's likely range (costmodel.interval), set by `suggest`
+    in_margin: bool = False  # fits, but not with the headroom `suggest` asks for
 
     def key(self) -> tuple:
         from planner.remat import Choice
@@ -106,6 +109,8 @@ class Suggestion:
     stats: SearchStats = field(default_factory=SearchStats)
     infeasible: Infeasible | None = None
     goodput: dict = field(default_factory=dict)  # id(PlanResult) -> costmodel.goodput.Goodput when re-ranked
+    headroom: float = 0.0  # share of the usable HBM a plan leaves free to be listed first
+    ranked_by: str = "expected"  # 'conservative' (slow end of the interval), 'expected' or 'days_to_train'
 
 
 def _accum(job: Job, mesh: Mesh) -> int:
@@ -212,6 +217,89 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
     out.plans = best
     if not best and explain:
         out.infeasible = explain_infeasible(m, chip, job, chips, cons, lowest[0], lowest[1])
+    return out
+
+
+RANKINGS = ("conservative", "expected")
+RERANK_POOL = 2  # `suggest` ranks the RERANK_POOL x top fastest plans by their interval
+
+
+def default_framework(chip: Chip) -> str:
+    """The training stack a plan is costed and exported for unless one is named: MaxText on TPUs, Megatron-LM on
+    GPUs (each vendor's reference stack: MaxText is Google's, Megatron-LM NVIDIA's)."""
+    return "megatron" if chip.vendor == "gpu" else "maxtext"
+
+
+def with_headroom(chip: Chip, headroom: float) -> Chip:
+    """`chip` with `headroom` of its usable HBM kept free too: usable' = usable x (1 - headroom)."""
+    if not 0.0 <= headroom < 1.0:
+        raise InputError(f"--headroom: expected a share of the usable HBM in [0, 1), got {headroom}")
+    return replace(chip, hbm_reserve_frac=1.0 - (1.0 - chip.hbm_reserve_frac) * (1.0 - headroom))
+
+
+def suggest(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | None = None, top: int = 5,
+            exhaustive: bool = False, headroom: float = NEAR_LIMIT, rank: str = "conservative") -> Suggestion:
+    """The `top` plans an expert would launch: those that fit with `headroom` of the usable HBM free come first
+    (plans that fit only inside it follow, marked in_margin), each with its step-time interval, ranked by the slow
+    end of it ('conservative') or by the step time ('expected') among the RERANK_POOL x top fastest."""
+    if rank not in RANKINGS:
+        raise InputError(f"--rank: expected one of {', '.join(RANKINGS)}, got {rank!r}")
+    pool = top * (RERANK_POOL if rank == "conservative" else 1)
+    roomy_chip = with_headroom(chip, headroom)
+    s = search(m, roomy_chip, job, chips, cons, top=pool, exhaustive=exhaustive, explain=False)
+    found = list(s.plans)
+    backed = evidence_constraints(cons, chip) if rank == "conservative" else None
+    if backed is not None:
+        more = search(m, roomy_chip, job, chips, backed, top=top, exhaustive=exhaustive, explain=False)
+        s.stats = _merge(s.stats, more.stats)
+        found += [r for r in more.plans if r.plan not in {f.plan for f in found}]
+    roomy = [_recost(m, chip, job, r, False) for r in found]
+    tight: list[PlanResult] = []
+    if len(roomy) < top and headroom > 0:
+        full = search(m, chip, job, chips, cons, top=pool, exhaustive=exhaustive)
+        seen = {r.plan for r in roomy}
+        tight = [_recost(m, chip, job, r, True) for r in full.plans if r.plan not in seen]
+        s.stats, s.infeasible = _merge(s.stats, full.stats), full.infeasible
+    elif not roomy:
+        s.infeasible = search(m, chip, job, chips, cons, top=1).infeasible
+    key = (lambda r: (r.interval.high_s, r.key())) if rank == "conservative" else PlanResult.key
+    s.plans = (sorted(roomy, key=key) + sorted(tight, key=key))[:top]
+    s.chip, s.headroom, s.ranked_by = chip, headroom, rank
+    return s
+
+
+def evidence_constraints(cons: Constraints | None, chip: Chip) -> Constraints | None:
+    """`cons` narrowed to what the chip family's calibration runs used: their named remat policies, no host offload,
+    no axis they never split (cp, pp, ep, vpp at 1) and tp up to theirs (costmodel.evidence), so that a
+    conservative ranking also sees the plans the evidence backs best.
+    None when nothing narrower exists (remat pinned, or no named policy calibrated)."""
+    from costmodel.evidence import shipped
+    from costmodel.interval import evidence_family
+
+    cons = cons or Constraints()
+    fam = evidence_family(chip, shipped())
+    if fam is None or cons.remat is not None:
+        return None
+    allowed = cons.policies or tuple(REMAT_POLICIES.values())
+    policies = tuple(p for p in allowed if p.name in fam.remat)
+    if not policies:
+        return None
+    unseen = {a: 1 for a in ("cp", "pp", "ep", "vpp") if fam.max_degree.get(a, 1) == 1 and a not in cons.fixed}
+    max_tp = min(cons.max_tp or fam.max_degree.get("tp", 1), fam.max_degree.get("tp", 1))
+    return replace(cons, policies=policies, offload_optimizer=False, offload_params=False,
+                   fixed={**cons.fixed, **unseen}, max_tp=max_tp)
+
+
+def _recost(m: ModelSpec, chip: Chip, job: Job, r: PlanResult, in_margin: bool) -> PlanResult:
+    """The plan costed against the chip's whole usable HBM, with its interval."""
+    cost = estimate(m, chip, job, r.plan)
+    return replace(r, cost=cost, interval=step_time_interval(cost, chip, job, r.plan), in_margin=in_margin)
+
+
+def _merge(a: SearchStats, b: SearchStats) -> SearchStats:
+    out = SearchStats(**{k: v + getattr(b, k) if isinstance(v, int) and not isinstance(v, bool) else v
+                         for k, v in a.__dict__.items()})
+    out.candidates = max(a.candidates, b.candidates)
     return out
 
 
