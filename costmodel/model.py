@@ -37,6 +37,38 @@ class ModelSpec:
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # What builds the model but changes no count the cost model makes (the exporters write it; defaults are a
+    # Llama-2-style decoder). Values as in the model's Hugging Face config.json or its framework's config.
+    norm: str = "rmsnorm"  # rmsnorm | layernorm | layernorm1p (LayerNorm with zero-centred gamma, Nemotron-4)
+    norm_eps: float = 1e-5
+    activation: str = ""  # MLP nonlinearity: silu | gelu | relu2 (squared ReLU); "" -> silu if gated_mlp else gelu
+    linear_bias: bool = False  # biases in the attention and MLP projections (GPT-2/3)
+    qk_norm: bool = False  # norms on queries and keys; with MLA, on the query and key/value latents
+    dropout: float = 0.0  # attention and hidden dropout probability in training
+    position_embedding: str = "rope"  # rope | learned (absolute, GPT-3) | alibi (MPT)
+    rope_theta: float = 10000.0  # RoPE base (Llama 3: 500,000; Mixtral: 1e6)
+    rope_local_theta: float = 0.0  # RoPE base of the sliding-window layers (Gemma 3); 0 = rope_theta
+    rope_fraction: float = 1.0  # share of each head's dimensions rotated (Nemotron-4: 0.5)
+    # RoPE scaling: "" none | llama3 (Llama 3.1's, low/high frequency factors 1 and 4 as MaxText and Megatron-LM
+    # hard-code them) | yarn (DeepSeek's YaRN: correction range rounded outwards, rotated pairs interleaved) |
+    # linear (positions divided by the factor, Gemma 3's global layers)
+    rope_scaling: str = ""
+    rope_scaling_factor: float = 1.0
+    rope_original_context: int = 0  # context before scaling (llama3, yarn): Llama 3.1 8192, DeepSeek 4096
+    rope_beta_fast: float = 32.0  # yarn: the correction range's fast and slow betas
+    rope_beta_slow: float = 1.0
+    rope_mscale: float = 1.0  # yarn: attention temperature terms, as DeepSeek's config.json names them
+    rope_mscale_all_dim: float = 0.0
+    # MoE router: scores, which experts a token may use, and how their weights are formed.
+    router_score: str = "softmax"  # softmax | sigmoid (DeepSeek-V3)
+    router_norm_topk: bool = True  # the chosen experts' weights renormalised to sum to 1 (DeepSeek-V2: false)
+    router_topk_scale: float = 1.0  # the weights' scaling factor (DeepSeek-V3 routed_scaling_factor 2.5)
+    router_expert_bias: bool = False  # a balancing bias added to the scores for selection only (DeepSeek-V3)
+    router_groups: int = 0  # node-limited routing: expert groups, scored by their top-(k/group_topk) sum; 0 none
+    router_group_topk: int = 0  # groups a token may route to
+    router_bias_update_rate: float = 0.0  # step of the balancing bias per batch (DeepSeek-V3: 0.001); needs the bias
+    maxtext_name: str = ""  # MaxText's configs/models/<name>.yml holding this model; MaxText selects some code
+    # paths by it (DeepSeek-V3's routing: layers/moe.py) and merges that file over the exported keys
     description: str = ""
     source: str = ""
 
@@ -84,6 +116,42 @@ class ModelSpec:
                 raise InputError(f"{where}: field {f!r} must be >= 0, got {getattr(self, f)}")
         if self.is_mla and self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim - self.qk_rope_head_dim)
+        self._check_build_fields(where)
+        self._check_router(where)
+        if self.activation == "":
+            object.__setattr__(self, "activation", "silu" if self.gated_mlp else "gelu")
+
+    def _check_build_fields(self, where: str) -> None:
+        """The norm, activation, position and RoPE fields: a known kind and a value in range."""
+        for f, kinds in BUILD_KINDS.items():
+            if getattr(self, f) not in kinds:
+                raise InputError(f"{where}: field {f!r} must be one of {', '.join(repr(k) for k in kinds)}, "
+                                 f"got {getattr(self, f)!r}")
+        for f, lo, hi, text in RANGES:
+            v = getattr(self, f)
+            if not (math.isfinite(v) and lo(v) and hi(v)):
+                raise InputError(f"{where}: field {f!r} must be {text}, got {v}")
+        if self.rope_scaling in ("llama3", "yarn") and self.rope_original_context <= 0:
+            raise InputError(f"{where}: field 'rope_original_context' must be a positive integer with "
+                             f"rope_scaling {self.rope_scaling!r}, got {self.rope_original_context}")
+
+    def _check_router(self, where: str) -> None:
+        """Router fields need experts; node-limited groups must split the experts and the top-k evenly."""
+        if not self.is_moe:
+            set_ = [f for f, v in ROUTER_DEFAULTS.items() if getattr(self, f) != v]
+            if set_:
+                raise InputError(f"{where}: router field {set_[0]!r} needs n_experts > 0")
+            return
+        if self.router_bias_update_rate and not self.router_expert_bias:
+            raise InputError(f"{where}: field 'router_bias_update_rate' needs router_expert_bias true")
+        g, k = self.router_groups, self.router_group_topk
+        if (g == 0) != (k == 0) or g < 0 or k < 0:
+            raise InputError(f"{where}: fields 'router_groups' and 'router_group_topk' must both be 0 (no "
+                             f"node-limited routing) or both positive, got {g} and {k}")
+        if g and (self.n_experts % g or k > g or self.experts_per_token % k):
+            raise InputError(f"{where}: field 'router_groups' ({g}) must divide n_experts ({self.n_experts}) and "
+                             f"'router_group_topk' ({k}) be at most {g} and divide experts_per_token "
+                             f"({self.experts_per_token})")
 
     # ---- shape helpers -------------------------------------------------------------------------
     @property
@@ -214,4 +282,28 @@ class ModelSpec:
         return self.total_params() - self.embedding_params()
 
     def with_layers(self, n_layers: int) -> ModelSpec:
-        return replace(self, n_layers=n_layers)
+        """The model with another depth: no longer the one MaxText's maxtext_name file holds."""
+        return replace(self, n_layers=n_layers, maxtext_name="")
+
+
+# Allowed kinds of the string fields that build the model (exported as the frameworks name them).
+BUILD_KINDS = {"norm": ("rmsnorm", "layernorm", "layernorm1p"), "activation": ("", "silu", "gelu", "relu2"),
+               "position_embedding": ("rope", "learned", "alibi"), "rope_scaling": ("", "llama3", "yarn", "linear"),
+               "router_score": ("softmax", "sigmoid")}
+# (field, lower check, upper check, expected) for the float fields that build the model.
+RANGES = (("norm_eps", lambda v: v > 0, lambda v: v < 1, "a number in (0, 1)"),
+          ("dropout", lambda v: v >= 0, lambda v: v < 1, "a probability in [0, 1)"),
+          ("rope_theta", lambda v: v > 0, lambda v: True, "a positive number"),
+          ("rope_local_theta", lambda v: v >= 0, lambda v: True, "0 (as rope_theta) or a positive number"),
+          ("rope_fraction", lambda v: v > 0, lambda v: v <= 1, "a fraction in (0, 1]"),
+          ("rope_scaling_factor", lambda v: v >= 1, lambda v: True, "a number >= 1"),
+          ("rope_beta_fast", lambda v: v > 0, lambda v: True, "a positive number"),
+          ("rope_beta_slow", lambda v: v > 0, lambda v: True, "a positive number"),
+          ("rope_mscale", lambda v: v >= 0, lambda v: True, "a number >= 0"),
+          ("rope_mscale_all_dim", lambda v: v >= 0, lambda v: True, "a number >= 0"),
+          ("router_topk_scale", lambda v: v > 0, lambda v: True, "a positive number"),
+          ("router_bias_update_rate", lambda v: v >= 0, lambda v: True, "a number >= 0"))
+# The router fields of a plain softmax top-k router; a dense model keeps them.
+ROUTER_DEFAULTS = {"router_score": "softmax", "router_norm_topk": True, "router_topk_scale": 1.0,
+                   "router_expert_bias": False, "router_groups": 0, "router_group_topk": 0,
+                   "router_bias_update_rate": 0.0}

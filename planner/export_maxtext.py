@@ -23,6 +23,13 @@ planner/maxtext_0_2_5_keys.txt). Mapping (plan -> MaxText):
                    (float32, MaxText's default, or bfloat16),
                    quantization int8 / fp8.
   scan_layers      from the job (true, MaxText's default: the layers run under one lax.scan).
+  model            the shape keys, then what builds the model (costmodel.model's build fields): model_name for a
+                   preset whose MaxText configs/models file holds it (MaxText merges that file over these keys and
+                   routes DeepSeek-V3 by it), normalization_layer_epsilon, enable_dropout, mlp_activations,
+                   rope_max_timescale and RoPE scaling (rope_type llama3.1 | yarn with its keys |
+                   rope_linear_scaling_factor), the deepseek block's router (routed_score_func,
+                   routed_scaling_factor, routed_bias, n_routing_groups, topk_routing_group). What the decoder block
+                   builds its own way (RMSNorm, full RoPE, no biases) is noted when the model differs.
 
 Not expressible in MaxText (exported as the nearest plan, with a warning): ZeRO-2/3 over the data axis (ZeRO-3
 becomes the fsdp axis, ZeRO-2 becomes ZeRO-1), ZeRO-1 together with an fsdp axis (MaxText 0.2.5 refuses
@@ -44,11 +51,12 @@ from typing import Any
 import yaml
 
 from costmodel.estimate import dcn_split
+from costmodel.model import ROUTER_DEFAULTS
 from costmodel.plan import AXES, AXIS_ORDER_INNER_TO_OUTER, REMAT_POLICIES
 from hardware.errors import InputError
 from planner.adapt import Adapted, named_policy
 from planner.export_megatron import comment, planner_hint
-from planner.planfile import PlanFile
+from planner.planfile import PlanFile, model_ref_for
 
 MAXTEXT_VERSION = "0.2.5"
 # Our axis -> MaxText mesh-axis key stem (ici_<stem>_parallelism / dcn_<stem>_parallelism).
@@ -198,16 +206,36 @@ def _decoder_block(m) -> str:
     return "llama2"
 
 
+# MaxText 0.2.5 model_name prefixes under which layers/moe.py routes as DeepSeek-V3 does (the expert bias chooses
+# experts but stays out of their weights; n_routing_groups / topk_routing_group apply).
+DEEPSEEK_ROUTING_NAMES = ("deepseek3", "deepseek4", "kimi-k2")
+MAXTEXT_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu2": "relu"}  # our name -> jax.nn function
+
+
+def model_name(pf: PlanFile) -> str:
+    """MaxText's model_name for the preset whose configs/models file is this model, else ''. MaxText merges that
+    file over the exported keys (equal values, tests/test_export.py), so a changed copy of a preset gets none."""
+    m = pf.model
+    return m.maxtext_name if m.maxtext_name and model_ref_for(m) else ""
+
+
 def model_keys(pf: PlanFile) -> tuple[dict[str, Any], list[str]]:
     m = pf.model
     notes: list[str] = []
-    k: dict[str, Any] = {"decoder_block": _decoder_block(m), "base_emb_dim": m.d_model,
-                         "base_num_query_heads": m.n_heads, "base_num_kv_heads": m.n_kv_heads}
+    k: dict[str, Any] = {}
+    name = model_name(pf)
+    if name:
+        k["model_name"] = name
+    k.update(decoder_block=_decoder_block(m), base_emb_dim=m.d_model, base_num_query_heads=m.n_heads,
+             base_num_kv_heads=m.n_kv_heads)
     if not m.is_mla:
         k["head_dim"] = m.head_dim
+    act = MAXTEXT_ACTIVATIONS[m.activation]
     k.update(base_mlp_dim=m.ffn_dim, base_num_decoder_layers=m.n_layers, vocab_size=m.vocab_size,
-             mlp_activations=["silu", "linear"] if m.gated_mlp else ["gelu"],
-             logits_via_embedding=m.tied_embeddings)
+             mlp_activations=[act, "linear"] if m.gated_mlp else [act], logits_via_embedding=m.tied_embeddings,
+             normalization_layer_epsilon=m.norm_eps, enable_dropout=m.dropout > 0)
+    if m.dropout > 0:
+        k["dropout_rate"] = m.dropout
     if m.is_moe:
         k.update(num_experts=m.n_experts, num_experts_per_tok=m.experts_per_token, base_moe_mlp_dim=m.moe_ffn_dim,
                  capacity_factor=float(m.capacity_factor) if m.capacity_factor > 0 else -1.0)
@@ -215,6 +243,7 @@ def model_keys(pf: PlanFile) -> tuple[dict[str, Any], list[str]]:
             k["first_num_dense_layers"] = m.n_dense_layers
         if m.n_shared_experts:
             k["shared_experts"] = m.n_shared_experts
+        k.update(_router_keys(m, k["decoder_block"], name, notes))
     if m.is_mla:
         k.update(attention_type="mla", q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
                  qk_nope_head_dim=m.head_dim - m.qk_rope_head_dim, qk_rope_head_dim=m.qk_rope_head_dim,
@@ -226,7 +255,102 @@ def model_keys(pf: PlanFile) -> tuple[dict[str, Any], list[str]]:
         elif m.local_per_global != 5:
             notes.append(f"model: MaxText 0.2.5 has no key for {m.local_per_global} local layers per global "
                          "layer (decoder_block gemma3 hard-codes 5); set decoder_block to a block that interleaves")
+    k.update(_rope_keys(m, name, notes))
+    notes += _block_notes(m, k["decoder_block"])
     return k, notes
+
+
+def _int_key(key: str, value: float, notes: list[str]) -> int:
+    """A MaxText integer key (rope_max_timescale, rope_factor, beta_fast ...): a non-integral value is rounded,
+    noted."""
+    if not float(value).is_integer():
+        notes.append(f"model: MaxText 0.2.5's {key} is an integer; {value} -> {round(value)}")
+    return round(value)
+
+
+def _rope_keys(m, name: str, notes: list[str]) -> dict[str, Any]:
+    """RoPE base, local base and scaling (rope_type llama3.1 | yarn, rope_linear_scaling_factor)."""
+    k: dict[str, Any] = {"rope_max_timescale": _int_key("rope_max_timescale", m.rope_theta, notes)}
+    if m.rope_local_theta:
+        k["local_rope_max_timescale"] = _int_key("local_rope_max_timescale", m.rope_local_theta, notes)
+    if m.rope_scaling == "llama3":
+        k["rope_type"] = "llama3.1"
+        if (m.rope_scaling_factor, m.rope_original_context) != (8.0, 8192):
+            notes.append(f"model: MaxText 0.2.5's llama3.1 RoPE scaling hard-codes factor 8 over 8192 positions; "
+                         f"this model has {m.rope_scaling_factor:g} over {m.rope_original_context}")
+    elif m.rope_scaling == "yarn":
+        k.update(_yarn_keys(m, notes))
+    elif m.rope_scaling == "linear":
+        k["rope_linear_scaling_factor"] = m.rope_scaling_factor
+        if m.rope_local_theta and not name.startswith("gemma3"):
+            notes.append("model: MaxText 0.2.5 leaves the sliding-window layers' RoPE unscaled only under "
+                         "model_name gemma3-*; here rope_linear_scaling_factor scales every layer")
+    return k
+
+
+def _yarn_keys(m, notes: list[str]) -> dict[str, Any]:
+    """DeepSeek's YaRN: MaxText's `mscale` is the softmax temperature term (config.json's mscale_all_dim);
+    rope_attention_scaling scales cos/sin by 0.1 ln(factor) + 1, the ratio of the two terms when mscale is 1 and
+    mscale_all_dim 0; equal terms cancel (no scaling)."""
+    factor = _int_key("rope_factor", m.rope_scaling_factor, notes)
+    scaled = m.rope_mscale != m.rope_mscale_all_dim
+    if scaled and (m.rope_mscale, m.rope_mscale_all_dim) != (1.0, 0.0):
+        notes.append(f"model: MaxText 0.2.5's YaRN expresses equal mscale and mscale_all_dim, or 1 and 0; this "
+                     f"model has {m.rope_mscale:g} and {m.rope_mscale_all_dim:g}")
+    return {"rope_type": "yarn", "max_position_embeddings": factor * m.rope_original_context,
+            "original_max_position_embeddings": m.rope_original_context, "rope_factor": factor,
+            "beta_fast": _int_key("beta_fast", m.rope_beta_fast, notes),
+            "beta_slow": _int_key("beta_slow", m.rope_beta_slow, notes), "mscale": m.rope_mscale_all_dim,
+            "rope_interleave": True, "rope_truncate": True, "rope_attention_scaling": scaled}
+
+
+def _router_keys(m, block: str, name: str, notes: list[str]) -> dict[str, Any]:
+    """The router as MaxText 0.2.5 builds it per decoder block (layers/moe.py get_topk): the mixtral block takes a
+    softmax over the top-k logits; the deepseek block applies routed_score_func to all experts, renormalises the
+    top-k only for sigmoid scores, then scales by routed_scaling_factor."""
+    if block != "deepseek":
+        plain = all(getattr(m, f) == v for f, v in ROUTER_DEFAULTS.items())
+        if not plain:
+            notes.append(f"model: MaxText 0.2.5's {block} block routes by a softmax over the top-k logits; this "
+                         f"model's {m.router_score} router (scale {m.router_topk_scale:g}, bias "
+                         f"{m.router_expert_bias}, {m.router_groups} groups) is not exported")
+        return {}
+    k: dict[str, Any] = {"routed_score_func": m.router_score, "routed_scaling_factor": m.router_topk_scale,
+                         "routed_bias": m.router_expert_bias}
+    if m.router_bias_update_rate:
+        k["routed_bias_update_rate"] = m.router_bias_update_rate
+    if m.router_groups:
+        k.update(n_routing_groups=m.router_groups, topk_routing_group=m.router_group_topk)
+    if m.router_norm_topk != (m.router_score == "sigmoid"):
+        notes.append(f"model: MaxText 0.2.5's deepseek block renormalises the top-k weights only for sigmoid "
+                     f"scores; this model's {m.router_score} router "
+                     f"{'does' if m.router_norm_topk else 'does not'}")
+    if (m.router_expert_bias or m.router_groups) and not name.startswith(DEEPSEEK_ROUTING_NAMES):
+        notes.append("model: MaxText 0.2.5 keeps the expert bias out of the routing weights and limits routing to "
+                     "topk_routing_group groups only under model_name deepseek3-* (layers/moe.py); this export "
+                     "names no such model, so the weights include the bias and the groups are not applied")
+    return k
+
+
+def _block_notes(m, block: str) -> list[str]:
+    """What the decoder block builds its own way: RMSNorm, RoPE on every dimension, no biases, its own norms."""
+    notes = []
+    if m.norm != "rmsnorm":
+        notes.append(f"model: MaxText 0.2.5's {block} block uses RMSNorm; this model's {m.norm} is not exported")
+    if m.position_embedding != "rope":
+        notes.append(f"model: MaxText 0.2.5's {block} block applies RoPE; this model's {m.position_embedding} "
+                     "position embedding is not exported")
+    if m.rope_fraction != 1.0:
+        notes.append(f"model: MaxText 0.2.5's {block} block rotates every head dimension; this model rotates "
+                     f"{m.rope_fraction:g}")
+    if m.linear_bias:
+        notes.append(f"model: MaxText 0.2.5's {block} block has no projection biases; this model's are not exported")
+    if m.activation == "relu2":
+        notes.append("model: MaxText 0.2.5 has no squared ReLU (mlp_activations are jax.nn functions); exported as "
+                     "relu")
+    if m.qk_norm and not m.is_mla and block in ("llama2", "mixtral"):
+        notes.append(f"model: MaxText 0.2.5's {block} block has no query/key norms; this model's are not exported")
+    return notes
 
 
 def maxtext_config(pf: PlanFile) -> tuple[dict[str, Any], Adapted]:
@@ -279,12 +403,18 @@ def _value(v: Any) -> str:
     return text
 
 
-SECTIONS = (("model", ("decoder_block", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "head_dim",
-                       "base_mlp_dim", "base_num_decoder_layers", "vocab_size", "mlp_activations",
-                       "logits_via_embedding", "num_experts", "num_experts_per_tok", "base_moe_mlp_dim",
-                       "capacity_factor", "first_num_dense_layers", "shared_experts", "attention_type",
-                       "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                       "sliding_window_size")),
+MODEL_SECTION = ("model_name", "decoder_block", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
+                 "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size", "mlp_activations",
+                 "logits_via_embedding", "normalization_layer_epsilon", "enable_dropout", "dropout_rate",
+                 "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "capacity_factor", "first_num_dense_layers",
+                 "shared_experts", "routed_score_func", "routed_scaling_factor", "routed_bias",
+                 "routed_bias_update_rate", "n_routing_groups", "topk_routing_group", "attention_type",
+                 "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                 "sliding_window_size", "rope_max_timescale", "local_rope_max_timescale", "rope_type",
+                 "rope_linear_scaling_factor", "max_position_embeddings", "original_max_position_embeddings",
+                 "rope_factor", "beta_fast", "beta_slow", "mscale", "rope_interleave", "rope_truncate",
+                 "rope_attention_scaling")
+SECTIONS = (("model", MODEL_SECTION),
             ("sequence, batch and precision", ("max_target_length", "per_device_batch_size",
                                                "gradient_accumulation_steps", "dtype", "weight_dtype",
                                                "scan_layers", "quantization")),
@@ -311,7 +441,9 @@ def maxtext_text(pf: PlanFile) -> tuple[str, Adapted]:
         "MaxText read its packaged base.yml first, so this file can be given as the config:",
         "  python -m maxtext.trainers.pre_train.train THIS_FILE run_name=... base_output_directory=... \\",
         "      dataset_type=synthetic (or your dataset and tokenizer keys)",
-        "or pass its keys as key=value overrides after maxtext/configs/base.yml.",
+        "or pass its keys as key=value overrides after maxtext/configs/base.yml"
+        + (" with override_model_config=true (model_name's file would otherwise refuse them)." if "model_name" in keys
+           else "."),
         *([f"Compile ahead of time: python -m maxtext.trainers.pre_train.train_compile THIS_FILE {aot}"]
           if aot else []),
         planner_hint(pf),

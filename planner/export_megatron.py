@@ -19,13 +19,20 @@ Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025
   offload     --optimizer-cpu-offload --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer
   precision   --bf16; fp8 -> --bf16 --fp8-format hybrid; fp16 -> --fp16
   model       --num-layers --hidden-size --ffn-hidden-size --num-attention-heads --kv-channels
-              [--group-query-attention --num-query-groups] [--swiglu] [--untie-embeddings-and-output-weights]
-              --seq-length --max-position-embeddings --vocab-size; MoE: --num-experts --moe-router-topk
-              --moe-ffn-hidden-size [--moe-shared-expert-intermediate-size] [--moe-layer-freq]
-              [--moe-expert-capacity-factor]; MLA: --multi-latent-attention --q-lora-rank --kv-lora-rank
-              --qk-head-dim --qk-pos-emb-head-dim --v-head-dim. Megatron normally takes the vocabulary from the
-              tokenizer (padded to a multiple of --make-vocab-size-divisible-by * TP); --vocab-size is what
-              NullTokenizer uses.
+              [--group-query-attention --num-query-groups] [--qk-layernorm] [--swiglu | --squared-relu]
+              [--untie-embeddings-and-output-weights] --normalization [--apply-layernorm-1p] --norm-epsilon
+              --position-embedding-type (rope: --rotary-base --rotary-percent [--use-rope-scaling
+              --rope-scaling-factor]) [--disable-bias-linear] --attention-dropout --hidden-dropout
+              --seq-length --max-position-embeddings --vocab-size --make-vocab-size-divisible-by; MoE:
+              --num-experts --moe-router-topk --moe-ffn-hidden-size [--moe-shared-expert-intermediate-size]
+              [--moe-layer-freq] [--moe-expert-capacity-factor] --moe-router-score-function
+              [--moe-router-pre-softmax] [--moe-router-topk-scaling-factor] [--moe-router-enable-expert-bias
+              --moe-router-bias-update-rate] [--moe-router-num-groups --moe-router-group-topk]; MLA:
+              --multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
+              and YaRN's --rotary-scaling-factor --mscale --mscale-all-dim (or --rope-type rope). Megatron takes the
+              vocabulary from the tokenizer and pads it to a multiple of --make-vocab-size-divisible-by * TP; the
+              divisor written keeps --vocab-size exact under NullTokenizer (megatron/core/tokenizers since 2026-02;
+              the 2025 trees' _NullTokenizer adds an EOD token first).
 
 Not expressible (exported as the nearest plan, with a warning and both predicted costs): an fsdp axis or ZeRO-2/3
 (-> data parallel with the distributed optimizer, ZeRO-1), remat choices other than none/selective/full (-> the
@@ -40,6 +47,7 @@ syntax is inert: a name like x$(touch pwned) or `id` is text bash never expands.
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import replace
 
@@ -130,8 +138,19 @@ def megatron_args(pf: PlanFile) -> tuple[list[str], Adapted]:
     notes = list(ad.notes)
     if plan.cp > 1 and job.seq_len % (2 * plan.cp):
         raise InputError(f"cp: Megatron-LM needs seq_len ({job.seq_len}) divisible by 2 * cp = {2 * plan.cp}")
-    a = _model_args(m, notes) + _parallel_args(m, job, plan) + _training_args(job, plan)
+    a = _model_args(m, notes) + ["--make-vocab-size-divisible-by", str(vocab_divisor(m.vocab_size, plan.tp))]
+    if m.vocab_size % plan.tp:
+        notes.append(f"model: Megatron-LM pads the vocabulary to a multiple of 128 x TP; {m.vocab_size} is not a "
+                     f"multiple of TP {plan.tp}, so it becomes {padded_vocab(m.vocab_size, plan.tp)}")
+    a += _parallel_args(m, job, plan) + _training_args(job, plan)
     return a, replace(ad, notes=tuple(notes))
+
+
+def padded_vocab(vocab_size: int, tp: int) -> int:
+    """The vocabulary Megatron-LM builds with the exported divisor (megatron/training/tokenizer/tokenizer.py
+    _vocab_size_with_padding: up to a multiple of divisor x TP)."""
+    step = vocab_divisor(vocab_size, tp) * tp
+    return -(-vocab_size // step) * step
 
 
 def _model_args(m: ModelSpec, notes: list[str]) -> list[str]:
@@ -146,26 +165,121 @@ def _model_args(m: ModelSpec, notes: list[str]) -> list[str]:
         a += ["--kv-channels", str(m.head_dim)]
         if m.n_kv_heads != m.n_heads:
             a += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
-    if m.gated_mlp:
-        a += ["--swiglu"]
+    if m.qk_norm:
+        a += ["--qk-layernorm"]
+    a += _mlp_args(m, notes)
     if not m.tied_embeddings:
         a += ["--untie-embeddings-and-output-weights"]
-    a += ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear"]
+    a += _norm_args(m) + _position_args(m, notes)
+    if not m.linear_bias:
+        a += ["--disable-bias-linear"]
+    a += ["--attention-dropout", repr(float(m.dropout)), "--hidden-dropout", repr(float(m.dropout))]
     a += ["--vocab-size", str(m.vocab_size)]
     if m.is_moe:
-        a += ["--num-experts", str(m.n_experts), "--moe-router-topk", str(m.experts_per_token),
-              "--moe-ffn-hidden-size", str(m.moe_ffn_dim)]
-        if m.n_shared_experts:
-            a += ["--moe-shared-expert-intermediate-size", str(m.n_shared_experts * m.moe_ffn_dim)]
-        if m.n_dense_layers:
-            a += ["--moe-layer-freq", _moe_layer_freq(m)]
-        if m.capacity_factor > 0:
-            a += ["--moe-expert-capacity-factor", repr(float(m.capacity_factor)), "--moe-pad-expert-input-to-capacity"]
-        a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        a += _moe_args(m, notes)
     if m.sliding_window:
         notes.append(f"model: sliding-window attention ({m.sliding_window} tokens) is not exported; add "
                      "Megatron's window-attention flags by hand")
     return a
+
+
+def _mlp_args(m: ModelSpec, notes: list[str]) -> list[str]:
+    """--swiglu (gated SiLU), --squared-relu, or Megatron's default GeLU."""
+    act = m.activation
+    if m.gated_mlp and act == "silu":
+        return ["--swiglu"]
+    if not m.gated_mlp and act == "relu2":
+        return ["--squared-relu"]
+    if not m.gated_mlp and act == "gelu":
+        return []
+    notes.append(f"model: Megatron-LM's arguments build SwiGLU, squared-ReLU or GeLU MLPs; this model's "
+                 f"{'gated ' if m.gated_mlp else ''}{act} MLP is not exported (set activation_func in Python)")
+    return ["--swiglu"] if m.gated_mlp else []
+
+
+def _norm_args(m: ModelSpec) -> list[str]:
+    """--normalization and --norm-epsilon; layernorm1p is LayerNorm with --apply-layernorm-1p."""
+    a = ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm", "--norm-epsilon", repr(m.norm_eps)]
+    return a + (["--apply-layernorm-1p"] if m.norm == "layernorm1p" else [])
+
+
+def _position_args(m: ModelSpec, notes: list[str]) -> list[str]:
+    """Learned positions, or RoPE with its base, rotated fraction and scaling (Llama 3.1's or, for MLA, YaRN)."""
+    if m.position_embedding == "learned":
+        return ["--position-embedding-type", "learned_absolute"]
+    if m.position_embedding == "alibi":
+        notes.append("model: Megatron-LM has no ALiBi; exported with learned absolute positions")
+        return ["--position-embedding-type", "learned_absolute"]
+    if not float(m.rope_theta).is_integer():
+        notes.append(f"model: Megatron-LM's --rotary-base is an integer; {m.rope_theta} -> {round(m.rope_theta)}")
+    a = ["--position-embedding-type", "rope", "--rotary-base", str(round(m.rope_theta)),
+         "--rotary-percent", repr(float(m.rope_fraction))]
+    if m.rope_local_theta:
+        notes.append(f"model: the sliding-window layers' RoPE base ({m.rope_local_theta:g}) is not exported")
+    if m.is_mla:
+        return a + _mla_rope_args(m, notes)
+    if m.rope_scaling == "llama3":
+        a += ["--use-rope-scaling", "--rope-scaling-factor", repr(float(m.rope_scaling_factor))]
+        if m.rope_original_context != 8192:
+            notes.append(f"model: Megatron-LM's Llama 3.1 RoPE scaling hard-codes 8192 original positions; this "
+                         f"model has {m.rope_original_context}")
+    elif m.rope_scaling:
+        notes.append(f"model: {m.rope_scaling} RoPE scaling (factor {m.rope_scaling_factor:g}) is not exported for "
+                     "non-MLA attention")
+    return a
+
+
+# Megatron-Core's MLATransformerConfig YaRN fields that no argument sets: (field, ours, its default).
+MLA_YARN_FIXED = (("original_max_position_embeddings", "rope_original_context", 4096),
+                  ("beta_fast", "rope_beta_fast", 32.0), ("beta_slow", "rope_beta_slow", 1.0))
+
+
+def _mla_rope_args(m: ModelSpec, notes: list[str]) -> list[str]:
+    """MLA takes YaRN by default (--rope-type): its factor and mscale terms; the rest are MLATransformerConfig's."""
+    if m.rope_scaling != "yarn":
+        if m.rope_scaling:
+            notes.append(f"model: MLA takes rope or yarn; this model's {m.rope_scaling} scaling is not exported")
+        return ["--rope-type", "rope"]
+    for field, ours, default in MLA_YARN_FIXED:
+        if getattr(m, ours) != default:
+            notes.append(f"model: Megatron-LM sets no {field} for MLA (MLATransformerConfig keeps {default:g}); "
+                         f"this model has {getattr(m, ours):g}")
+    return ["--rotary-scaling-factor", repr(float(m.rope_scaling_factor)), "--mscale", repr(float(m.rope_mscale)),
+            "--mscale-all-dim", repr(float(m.rope_mscale_all_dim))]
+
+
+def _moe_args(m: ModelSpec, notes: list[str]) -> list[str]:
+    """Experts, shared experts, dense layers, capacity, and the router (scores, top-k normalisation, scaling,
+    expert bias, node-limited groups) as megatron/core/transformer/moe/moe_utils.py routes."""
+    a = ["--num-experts", str(m.n_experts), "--moe-router-topk", str(m.experts_per_token),
+         "--moe-ffn-hidden-size", str(m.moe_ffn_dim)]
+    if m.n_shared_experts:
+        a += ["--moe-shared-expert-intermediate-size", str(m.n_shared_experts * m.moe_ffn_dim)]
+    if m.n_dense_layers:
+        a += ["--moe-layer-freq", _moe_layer_freq(m)]
+    if m.capacity_factor > 0:
+        a += ["--moe-expert-capacity-factor", repr(float(m.capacity_factor)), "--moe-pad-expert-input-to-capacity"]
+    a += ["--moe-router-score-function", m.router_score]
+    if m.router_score == "softmax" and not m.router_norm_topk:
+        a += ["--moe-router-pre-softmax"]  # softmax over all experts, top-k weights not renormalised
+    elif m.router_score == "sigmoid" and not m.router_norm_topk:
+        notes.append("model: Megatron-LM renormalises sigmoid top-k weights; this model does not")
+    if m.router_topk_scale != 1.0:
+        a += ["--moe-router-topk-scaling-factor", repr(float(m.router_topk_scale))]
+    if m.router_expert_bias:
+        a += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", repr(m.router_bias_update_rate)]
+    if m.router_groups:
+        a += ["--moe-router-num-groups", str(m.router_groups), "--moe-router-group-topk", str(m.router_group_topk)]
+    return a + ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """--make-vocab-size-divisible-by: Megatron pads the vocabulary to a multiple of this times TP
+    (_vocab_size_with_padding); the largest power of two up to its default 128 that keeps vocab_size exact, or
+    128 when TP does not divide vocab_size (then it pads)."""
+    if vocab_size % tp:
+        return 128
+    return math.gcd(vocab_size // tp, 128)
 
 
 def _parallel_args(m: ModelSpec, job: Job, plan: Plan) -> list[str]:
@@ -255,7 +369,8 @@ def megatron_text(pf: PlanFile) -> tuple[str, Adapted]:
         f"  torchrun --nproc-per-node {nproc} --nnodes {nodes} --node-rank $NODE_RANK --master-addr $MASTER_ADDR \\",
         '      pretrain_gpt.py "${MEGATRON_ARGS[@]}" --tokenizer-type ... --data-path ... --lr ... --train-iters ...',
         "--vocab-size is used by --tokenizer-type NullTokenizer; other tokenizers set the vocabulary themselves",
-        "(Megatron pads it to a multiple of --make-vocab-size-divisible-by * TP).",
+        "(Megatron pads it to a multiple of --make-vocab-size-divisible-by * TP; the divisor here keeps",
+        "--vocab-size exact).",
         planner_hint(pf),
     ]
     lines = ["#!/usr/bin/env bash", *map(comment, notes), "MEGATRON_ARGS=(", *("  " + ln for ln in _lines(args)), ")"]

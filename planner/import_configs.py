@@ -75,8 +75,8 @@ def _named_model(spec: ModelSpec, model: str | None, hints: dict[str, str]) -> t
             preset = load_model(hint)
         except InputError:
             preset = None
-        if preset is not None and same_shape(preset, spec):
-            return preset, hint
+        if preset is not None and same_shape(replace(preset, maxtext_name=""), replace(spec, maxtext_name="")):
+            return preset, hint  # (a Megatron-LM config cannot name MaxText's model file)
     return spec, ""
 
 
@@ -111,6 +111,13 @@ MT_DEFAULTS: dict[str, Any] = {
     "mlpwo": "remat",
     "ici_fsdp_parallelism": -1, "dcn_data_parallelism": -1,  # the auto axes; every other mesh degree defaults to 1
     "weight_dtype": "float32", "num_vocab_tiling": 1,
+    # what builds the model (costmodel.model's build fields)
+    "normalization_layer_epsilon": 1e-5, "enable_dropout": True, "dropout_rate": 0.0, "use_qk_norm": False,
+    "rope_type": "default", "rope_max_timescale": 10000, "local_rope_max_timescale": -1,
+    "rope_linear_scaling_factor": 1.0, "original_max_position_embeddings": 4096, "rope_factor": 40,
+    "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "rope_attention_scaling": False,
+    "routed_score_func": "", "routed_scaling_factor": 1.0, "routed_bias": False, "routed_bias_update_rate": 0.0,
+    "n_routing_groups": -1, "topk_routing_group": -1,
 }
 # MaxText mesh stems folded into our axes; others must be 1.
 MT_AXES = {"data": "dp", "fsdp": "fsdp", "fsdp_transpose": "fsdp", "tensor": "tp", "tensor_sequence": "tp",
@@ -227,13 +234,14 @@ def _maxtext_model(k: _Keys, notes: list[str]) -> ModelSpec:
                     kv_lora_rank=k.int("kv_lora_rank"), qk_rope_head_dim=rope, v_head_dim=k.int("v_head_dim"))
     else:
         spec["head_dim"] = k.int("head_dim")
+    spec.update(_maxtext_build(k, acts[0], mla, notes))
     if experts > 1:
         moe_dim = k.int("base_moe_mlp_dim")
         cf = k.float("capacity_factor")
         spec.update(n_experts=experts, experts_per_token=k.int("num_experts_per_tok"),
                     moe_ffn_dim=moe_dim if moe_dim > 0 else spec["ffn_dim"],
                     n_dense_layers=k.int("first_num_dense_layers"), n_shared_experts=k.int("shared_experts"),
-                    capacity_factor=cf if cf > 0 else 0.0)
+                    capacity_factor=cf if cf > 0 else 0.0, **_maxtext_router(k, notes))
     window = k.int("sliding_window_size")
     if window > 0:
         if k.str("decoder_block") == "gemma3":
@@ -244,6 +252,54 @@ def _maxtext_model(k: _Keys, notes: list[str]) -> ModelSpec:
         return ModelSpec(**spec)
     except InputError as e:
         raise InputError(f"{k.where}: {e}") from None
+
+
+def _maxtext_build(k: _Keys, act: str, mla: bool, notes: list[str]) -> dict[str, Any]:
+    """Norm epsilon, dropout, activation, query/key norms, model_name and RoPE (the inverse of
+    export_maxtext.model_keys; MaxText's llama2-style blocks build RMSNorm, full RoPE and no biases)."""
+    if act not in ("silu", "gelu"):
+        notes.append(f"model: mlp_activations {excerpt(act)} is modelled as the default activation")
+    name = k.str("model_name")
+    out: dict[str, Any] = dict(
+        norm_eps=k.float("normalization_layer_epsilon"),
+        dropout=k.float("dropout_rate") if k.bool("enable_dropout") else 0.0,
+        activation=act if act in ("silu", "gelu") else "",
+        qk_norm=mla or k.str("decoder_block") == "gemma3" or k.bool("use_qk_norm"),
+        maxtext_name="" if name == "default" else name, rope_theta=float(k.int("rope_max_timescale")))
+    if k.int("local_rope_max_timescale") > 0:
+        out["rope_local_theta"] = float(k.int("local_rope_max_timescale"))
+    rope_type = k.str("rope_type")
+    if rope_type == "llama3.1" or name.startswith("llama3.1"):
+        out.update(rope_scaling="llama3", rope_scaling_factor=8.0, rope_original_context=8192)
+    elif rope_type == "yarn":
+        mscale = k.float("mscale")  # the softmax term: config.json's mscale_all_dim
+        out.update(rope_scaling="yarn", rope_scaling_factor=float(k.int("rope_factor")),
+                   rope_original_context=k.int("original_max_position_embeddings"),
+                   rope_beta_fast=float(k.int("beta_fast")), rope_beta_slow=float(k.int("beta_slow")),
+                   rope_mscale=1.0 if k.bool("rope_attention_scaling") else mscale, rope_mscale_all_dim=mscale)
+    elif k.float("rope_linear_scaling_factor") != 1.0:
+        out.update(rope_scaling="linear", rope_scaling_factor=k.float("rope_linear_scaling_factor"))
+    return out
+
+
+def _maxtext_router(k: _Keys, notes: list[str]) -> dict[str, Any]:
+    """The router as the decoder block builds it (layers/moe.py get_topk): the deepseek block applies
+    routed_score_func to every expert, renormalises the top-k for sigmoid scores and scales them; other blocks
+    take a softmax over the top-k logits."""
+    if k.str("decoder_block") != "deepseek":
+        return {}
+    score = k.str("routed_score_func") or "softmax"
+    if score not in ("softmax", "sigmoid"):
+        notes.append(f"model: routed_score_func {excerpt(score)} is modelled as softmax")
+        score = "softmax"
+    out: dict[str, Any] = dict(router_score=score, router_norm_topk=score == "sigmoid",
+                               router_topk_scale=k.float("routed_scaling_factor"),
+                               router_expert_bias=k.bool("routed_bias"))
+    if out["router_expert_bias"]:
+        out["router_bias_update_rate"] = k.float("routed_bias_update_rate")
+    if k.int("n_routing_groups") > 0:
+        out.update(router_groups=k.int("n_routing_groups"), router_group_topk=k.int("topk_routing_group"))
+    return out
 
 
 def _fill(vals: dict[str, int], total: int | None, where: str, level: str) -> dict[str, int]:
@@ -506,12 +562,18 @@ MEG_VALUE_FLAGS = {
     "--optimizer-offload-fraction", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
     "--v-head-dim", "--data-parallel-sharding-strategy", "--expert-tensor-parallel-size", "--nproc-per-node",
     "--nproc_per_node", "--nnodes", "--window-size", "--decoder-first-pipeline-num-layers",
-    "--decoder-last-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--normalization", "--norm-epsilon", "--position-embedding-type",
+    "--rotary-base", "--rotary-percent", "--rope-scaling-factor", "--rope-type", "--rotary-scaling-factor",
+    "--mscale", "--mscale-all-dim", "--attention-dropout", "--hidden-dropout", "--make-vocab-size-divisible-by",
+    "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate",
+    "--moe-router-num-groups", "--moe-router-group-topk",
 }
 MEG_BOOL_FLAGS = {
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--sequence-parallel",
     "--use-distributed-optimizer", "--bf16", "--fp16", "--optimizer-cpu-offload", "--recompute-activations",
-    "--multi-latent-attention", "--use-megatron-fsdp", "--use-torch-fsdp2",
+    "--multi-latent-attention", "--use-megatron-fsdp", "--use-torch-fsdp2", "--qk-layernorm", "--squared-relu",
+    "--apply-layernorm-1p", "--disable-bias-linear", "--use-rope-scaling", "--use-rotary-position-embeddings",
+    "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
 }
 
 
@@ -730,9 +792,9 @@ def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
     spec: dict[str, Any] = dict(
         name=a.name, n_layers=layers, d_model=h, n_heads=heads, ffn_dim=a.int("--ffn-hidden-size",
                                                                                           ffn_default),
-        vocab_size=a.int("--vocab-size"), gated_mlp=swiglu,
+        vocab_size=_megatron_vocab(a, notes), gated_mlp=swiglu,
         tied_embeddings=not a.has("--untie-embeddings-and-output-weights"),
-        source=f"imported from Megatron-LM arguments {a.where}")
+        source=f"imported from Megatron-LM arguments {a.where}", **_megatron_build(a, notes))
     if a.has("--multi-latent-attention"):
         rope = a.int("--qk-pos-emb-head-dim", 64)
         spec.update(head_dim=a.int("--qk-head-dim", 128) + rope, q_lora_rank=a.int("--q-lora-rank", 0),
@@ -756,11 +818,80 @@ def _megatron_model(a: _Args, notes: list[str]) -> ModelSpec:
                          f"rounded to {round(shared / moe_dim)} shared experts")
         spec.update(n_experts=experts, experts_per_token=a.int("--moe-router-topk", 2), moe_ffn_dim=moe_dim,
                     n_dense_layers=dense, n_shared_experts=round(shared / moe_dim),
-                    capacity_factor=max(0.0, a.float("--moe-expert-capacity-factor", 0.0)))
+                    capacity_factor=max(0.0, a.float("--moe-expert-capacity-factor", 0.0)), **_megatron_router(a))
     try:
         return ModelSpec(**spec)
     except InputError as e:
         raise InputError(f"{a.where}: {e}") from None
+
+
+def _megatron_vocab(a: _Args, notes: list[str]) -> int:
+    """--vocab-size padded as Megatron-LM pads it: up to a multiple of --make-vocab-size-divisible-by (128) x TP
+    (megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding)."""
+    vocab = a.count("--vocab-size")
+    step = a.count("--make-vocab-size-divisible-by", 128) * a.count("--tensor-model-parallel-size", 1)
+    padded = -(-vocab // step) * step
+    if padded != vocab:
+        notes.append(f"model: Megatron-LM pads --vocab-size {vocab} to a multiple of {step} "
+                     f"(--make-vocab-size-divisible-by x TP): {padded}")
+    return padded
+
+
+def _megatron_build(a: _Args, notes: list[str]) -> dict[str, Any]:
+    """Norm, activation, biases, dropout, query/key norms and positions, with Megatron-LM's defaults for what is
+    not given (LayerNorm, GeLU, biases, dropout 0.1, learned absolute positions; arguments.py)."""
+    norm = {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}.get(a.str("--normalization", "LayerNorm"))
+    if norm is None:
+        raise InputError(f"{a.where}: argument --normalization: expected LayerNorm or RMSNorm, got "
+                         f"{excerpt(a.str('--normalization'))}")
+    attn_drop, hidden_drop = a.float("--attention-dropout", 0.1), a.float("--hidden-dropout", 0.1)
+    if attn_drop != hidden_drop:
+        notes.append(f"model: --attention-dropout {attn_drop:g} and --hidden-dropout {hidden_drop:g} differ; the "
+                     f"planner keeps one dropout, {hidden_drop:g}")
+    out: dict[str, Any] = dict(
+        norm="layernorm1p" if norm == "layernorm" and a.has("--apply-layernorm-1p") else norm,
+        norm_eps=a.float("--norm-epsilon", 1e-5), linear_bias=not a.has("--disable-bias-linear"),
+        dropout=hidden_drop, qk_norm=a.has("--qk-layernorm"),
+        activation="relu2" if a.has("--squared-relu") else "silu" if a.has("--swiglu") else "gelu")
+    out.update(_megatron_rope(a, notes))
+    return out
+
+
+def _megatron_rope(a: _Args, notes: list[str]) -> dict[str, Any]:
+    """Learned positions, or RoPE: base, rotated fraction, Llama 3.1 scaling, and MLA's YaRN (its default
+    --rope-type; original context and betas fixed by MLATransformerConfig at 4096, 32 and 1)."""
+    kind = a.str("--position-embedding-type", "learned_absolute")
+    if a.has("--use-rotary-position-embeddings"):
+        kind = "rope"
+    if kind not in ("rope", "yarn"):
+        if kind != "learned_absolute":
+            notes.append(f"model: --position-embedding-type {excerpt(kind)} is modelled as learned absolute")
+        return {"position_embedding": "learned"}
+    out: dict[str, Any] = dict(position_embedding="rope", rope_theta=a.float("--rotary-base", 10000.0),
+                               rope_fraction=a.float("--rotary-percent", 1.0))
+    if a.has("--multi-latent-attention") and a.str("--rope-type", "yarn") == "yarn":
+        out.update(rope_scaling="yarn", rope_scaling_factor=a.float("--rotary-scaling-factor", 1.0),
+                   rope_original_context=4096, rope_mscale=a.float("--mscale", 1.0),
+                   rope_mscale_all_dim=a.float("--mscale-all-dim", 0.0))
+    elif a.has("--use-rope-scaling"):
+        out.update(rope_scaling="llama3", rope_scaling_factor=a.float("--rope-scaling-factor", 8.0),
+                   rope_original_context=8192)
+    return out
+
+
+def _megatron_router(a: _Args) -> dict[str, Any]:
+    """The router as megatron/core/transformer/moe/moe_utils.py routes: softmax over the top-k logits (or over all
+    experts with --moe-router-pre-softmax, not renormalised), or sigmoid scores renormalised over the top-k."""
+    score = a.str("--moe-router-score-function", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise InputError(f"{a.where}: argument --moe-router-score-function: expected softmax or sigmoid, got "
+                         f"{excerpt(score)}")
+    bias = a.has("--moe-router-enable-expert-bias")
+    return dict(router_score=score, router_norm_topk=score == "sigmoid" or not a.has("--moe-router-pre-softmax"),
+                router_topk_scale=a.float("--moe-router-topk-scaling-factor", 1.0), router_expert_bias=bias,
+                router_bias_update_rate=a.float("--moe-router-bias-update-rate", 1e-3) if bias else 0.0,
+                router_groups=a.int("--moe-router-num-groups", 0),
+                router_group_topk=a.int("--moe-router-group-topk", 0))
 
 
 def _megatron_world(a: _Args, chips: int | None, hints: dict[str, str], where: str) -> int:

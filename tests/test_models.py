@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -269,6 +270,51 @@ def test_moe_and_mla_fields(tmp_path: Path) -> None:
     raises(_write(tmp_path, {**GOOD, "n_shared_experts": 1}), "n_experts")
     raises(_write(tmp_path, {**GOOD, "q_lora_rank": 64}), "'q_lora_rank'", "kv_lora_rank")
     raises(_write(tmp_path, {**GOOD, "kv_lora_rank": 32, "qk_rope_head_dim": 64}), "'qk_rope_head_dim'")
+
+
+BUILD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec)
+                  if f.name in ("norm", "norm_eps", "activation", "linear_bias", "qk_norm", "dropout",
+                                "position_embedding", "rope_theta", "rope_local_theta", "rope_fraction", "rope_scaling",
+                                "rope_scaling_factor", "rope_original_context", "rope_beta_fast", "rope_beta_slow",
+                                "rope_mscale", "rope_mscale_all_dim", "router_score", "router_norm_topk",
+                                "router_topk_scale", "router_expert_bias", "router_groups", "router_group_topk",
+                                "router_bias_update_rate", "maxtext_name")}
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_build_fields_change_no_count(name: str) -> None:
+    """The fields that build the model (norm, RoPE, router, ...) leave every parameter count as it was."""
+    m = load_model(name)
+    plain = ModelSpec(**{**to_dict(m), **BUILD_DEFAULTS})
+    assert (plain.total_params(), plain.active_params(), plain.embedding_params(), plain.attn_params()) == \
+        (m.total_params(), m.active_params(), m.embedding_params(), m.attn_params())
+
+
+def test_build_field_values_from_the_sources() -> None:
+    l3, v3, mx = load_model("llama3-405b"), load_model("deepseek-v3-671b"), load_model("mixtral-8x7b")
+    assert (l3.rope_theta, l3.rope_scaling, l3.rope_scaling_factor, l3.rope_original_context, l3.norm_eps) == \
+        (500000.0, "llama3", 8.0, 8192, 1e-5)
+    assert (mx.rope_theta, load_model("llama2-70b").rope_theta) == (1e6, 10000.0)
+    assert (v3.norm_eps, v3.router_score, v3.router_topk_scale, v3.router_expert_bias, v3.router_groups,
+            v3.router_group_topk, v3.rope_scaling, v3.rope_scaling_factor, v3.qk_norm) == \
+        (1e-6, "sigmoid", 2.5, True, 8, 4, "yarn", 40.0, True)
+    assert load_model("gpt3-175b").activation == "gelu" and load_model("llama2-7b").activation == "silu"
+
+
+@pytest.mark.parametrize("extra,fragments", [
+    ({"norm": "batchnorm"}, ("'norm'", "'rmsnorm'")),
+    ({"activation": "tanh"}, ("'activation'", "'relu2'")),
+    ({"norm_eps": 0}, ("'norm_eps'", "(0, 1)")),
+    ({"rope_fraction": 1.5}, ("'rope_fraction'",)),
+    ({"rope_scaling": "llama3"}, ("'rope_original_context'", "positive")),
+    ({"dropout": 1.0}, ("'dropout'", "[0, 1)")),
+    ({"router_score": "sigmoid"}, ("router field 'router_score'", "n_experts")),
+    ({"n_experts": 8, "experts_per_token": 2, "router_groups": 3, "router_group_topk": 1}, ("'router_groups'",)),
+    ({"n_experts": 8, "experts_per_token": 2, "router_groups": 4}, ("'router_group_topk'", "both")),
+    ({"n_experts": 8, "experts_per_token": 2, "router_bias_update_rate": 0.001}, ("router_expert_bias",)),
+])
+def test_build_field_errors(tmp_path: Path, extra: dict, fragments: tuple[str, ...]) -> None:
+    raises(_write(tmp_path, {**GOOD, **extra}), "m.yaml", *fragments)
 
 
 def test_bad_files(tmp_path: Path) -> None:
