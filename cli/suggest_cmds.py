@@ -163,6 +163,18 @@ def print_suggestion(s) -> None:
         console.print("why #1: " + why_better(best, s.plans[1]))
 
 
+def slices_note(chip, chips: int, slices: int) -> str:
+    """Why a TPU job spans slices, with the slice shape and the nearest single-slice sizes (hardware.topology)."""
+    from hardware.topology import slice_shape, valid_slice_sizes
+
+    per = chips // slices
+    shape = "x".join(map(str, slice_shape(chip, per)))
+    sizes = [n for n in valid_slice_sizes(chip) if n <= chip.scale_up.domain_chips]
+    near = sorted(sorted(sizes, key=lambda n: (abs(n - chips), n))[:2])
+    single = f"; nearest single-slice sizes: {', '.join(map(str, near))}" if chips not in sizes else ""
+    return f"{chips} chips on {chip.name}: {slices} slices of {per} chips ({shape}) joined over DCN{single}"
+
+
 def print_flags(s, console) -> None:
     """What the table's marks mean, and each plan's extrapolations (costmodel.interval)."""
     from rich.markup import escape
@@ -295,6 +307,8 @@ def suggest(
         raise InputError(f"--price: expected a positive price per chip-hour together with --train-tokens, got {price}")
     result = suggest_plans(m, chip, job, chips, cons, top=top, exhaustive=exhaustive, headroom=headroom / 100,
                            rank=rank)
+    if slices is None and result.slices > 1:
+        note = "; ".join(x for x in (note, slices_note(chip, chips, result.slices)) if x)
     if named is None and export is None:
         note = "; ".join(x for x in (note, f"framework {framework}: the default on {chip.vendor.upper()}s "
                                            "(--framework to change)") if x)

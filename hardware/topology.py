@@ -45,6 +45,11 @@ class AxisLink:
 
 # ---- TPU slice shapes --------------------------------------------------------------------------------
 
+# [G-v5p] https://cloud.google.com/tpu/docs/v5p (and the v4 page): below one 4x4x4 cube a 3D slice is 2x2x1, 2x2x2,
+# 2x2x4 or 2x4x4 (v5p-8 .. v5p-64); [G-v5e] https://cloud.google.com/tpu/docs/v5e: 1x1, 2x2, 2x4, 4x4 ... 16x16.
+SUB_CUBE_SHAPES = {(1, 2, 2), (2, 2, 2), (2, 2, 4), (2, 4, 4)}
+
+
 def _torus_dim_choices(level: Level) -> list[int]:
     """Allowed lengths of one torus dimension: 1, 2 and multiples of 4 up to 16 (2D) or 24 (3D)."""
     top = 16 if level.torus_dims == 2 else 24
@@ -61,6 +66,10 @@ def _shapes(dims: int, max_dim_list: tuple[int, ...], max_chips: int) -> dict[in
             continue
         if dims == 3 and n >= 64 and any(d % 4 for d in shape):
             continue  # slices of 64+ chips are built from whole 4x4x4 cubes
+        if dims == 3 and n < 64 and tuple(sorted(shape)) not in SUB_CUBE_SHAPES:
+            continue  # below one cube only these shapes are offered
+        if dims == 2 and n > 1 and min(shape) == 1:
+            continue  # 2D slices: 1x1, then 2x2 and larger [G-v5e]
         key = (max(shape), shape)
         if n not in best or key < (max(best[n]), best[n]):
             best[n] = tuple(sorted(shape))
