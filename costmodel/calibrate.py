@@ -1,21 +1,16 @@
 """Fit a chip's efficiency parameters (hardware.chip.Efficiency) to measured step times.
 
 Least squares (scipy) on log(predicted / measured), within physical bounds, with a weak pull towards the defaults
-so that a parameter the data cannot see stays where it was. Nothing is fitted per run: one set of <= 11 numbers
-per chip. The result is an overlay (hardware/calibration/NAME.yaml) that the catalog applies on top of the sourced
-profile, written only when asked (`planner calibrate --write-shipped`, or `--overlay-dir DIR` for a copy
-elsewhere).
+so that a parameter the data cannot see stays where it was; with priors (priors=True, docs/priors.md) a parameter
+that has a prior in hardware/priors.yaml is pulled by ((x - mean) / sd)^2 instead, the residuals counted in units
+of RESIDUAL_SD. One set of <= 11 numbers per chip, written as an overlay (hardware/calibration/NAME.yaml) only when
+asked (`planner calibrate --write-shipped`, or `--overlay-dir DIR`).
 
 Sources weigh the same by default (--weighting sources, issue 28): the rows of one source share its systematic
-error (one cluster, one framework, one way of measuring), so past a few rows a source adds little independent
-information, and a sweep of 1,700 rows (the Ultra-Scale Playbook's) would otherwise outvote every other source of
-its chip. Each source's rows get equal total weight (row weight rows_in_fit / (sources x rows_of_source), so the
-mean row weight stays 1 and the prior's pull is what it was), and a source enters the fit with at most
-MAX_ROWS_PER_SOURCE rows per chip, a deterministic subsample spread over its shapes and scales (fit_rows). With the
-source's total weight fixed, the subsample moves its weighted mean residual only by sampling noise (within-source
-scatter / sqrt(40)), small beside the between-source spread (benchmarks/holdout_report.txt: median errors of
-sources of one chip differ by 20-130 %). --weighting rows is the earlier procedure (every row weight 1); the
-shipped overlays use it on runs_dev.csv + maxtext2023-v5p.csv, whose leave-source-out figure is the better one
+error, so past a few rows a source adds little independent information. Each source's rows get equal total weight
+(mean row weight 1), and a source enters with at most MAX_ROWS_PER_SOURCE rows per chip, a deterministic subsample
+spread over its shapes and scales (fit_rows). --weighting rows (every row weight 1) is what the shipped overlays
+use on runs_dev.csv + maxtext2023-v5p.csv, whose leave-source-out figure is the better one
 (benchmarks/holdout_report.txt). `planner calibrate --write-shipped` also stores the leave-source-out accuracy of
 the procedure it ran (hardware/calibration/accuracy.yaml, costmodel.holdout).
 """
@@ -23,7 +18,8 @@ the procedure it ran (hardware/calibration/accuracy.yaml, costmodel.holdout).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +47,10 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "step_overhead_s": (0.0, 0.5, 0.5),
 }
 PRIOR_WEIGHT = 0.1
+# With priors: the noise of one row's log(predicted / measured), which scales the data term against the prior term.
+# 0.06 = the root mean square of the log residuals of the calibration fitted without priors on its own rows (254
+# rows of runs_dev.csv + maxtext2023-v5p.csv, every row weight 1; per group 0.025-0.067); docs/priors.md.
+RESIDUAL_SD = 0.06
 MAX_ROWS_PER_SOURCE = 40  # rows of one source (on one chip) entering a fit (module docstring)
 # How rows weigh in a fit (calibrate --weighting; module docstring): 'sources' is the default, the one procedure that
 # is tractable and fair on every file of data/runs; 'rows' is the earlier one, which the shipped overlays keep
@@ -61,6 +61,45 @@ WEIGHTINGS = {
     "rows": "every row weight 1, every row fitted (costmodel.calibrate.fit_rows_unweighted)",
 }
 ACCURACY_FILE = "accuracy.yaml"  # the out-of-source summary written beside the shipped overlays
+PRIORS_NOTE = ("penalized towards hardware/priors.yaml: ((x - mean) / sd)^2 added per parameter with a prior "
+               "(docs/priors.md); the others pulled weakly towards the defaults")
+PRIORS_FILE = Path(__file__).resolve().parents[1] / "hardware" / "priors.yaml"  # docs/priors.md
+
+
+@cache
+def _prior_table() -> dict[str, dict[str, tuple[float, float]]]:
+    """{preset: {parameter: (mean, sd)}} from hardware/priors.yaml (every preset its family lists); a malformed
+    entry is a one-line InputError naming it."""
+    from hardware.yamlio import read_yaml
+
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for fam, spec in (read_yaml(PRIORS_FILE).get("families") or {}).items():
+        table = {}
+        for name, p in ((spec or {}).get("priors") or {}).items():
+            where = f"{shown_path(PRIORS_FILE)}: families.{fam}.priors.{name}"
+            if name not in BOUNDS:
+                raise unknown("efficiency parameter", f"{where}", list(BOUNDS))
+            mean, sd = (p or {}).get("mean"), (p or {}).get("sd")
+            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (mean, sd)) or not (
+                    sd > 0 and BOUNDS[name][0] <= mean <= BOUNDS[name][1]):
+                raise InputError(f"{where}: expected mean within {BOUNDS[name][:2]} and sd > 0, got {mean}, {sd}")
+            table[name] = (float(mean), float(sd))
+        for preset in (spec or {}).get("presets") or ():
+            out[str(preset)] = table
+    return out
+
+
+def priors_of(chip_name: str) -> dict[str, tuple[float, float]]:
+    """The chip's priors {parameter: (mean, sd)} (hardware/priors.yaml; {} for a chip no family lists)."""
+    return _prior_table().get(chip_name, {})
+
+
+def start_efficiency(chip_name: str, priors: bool = False) -> Efficiency:
+    """What a fit on no row gives: the default efficiencies, or with `priors` the prior means where the chip has
+    them (the values a penalized fit pulls towards)."""
+    if not priors:
+        return Efficiency()
+    return replace(Efficiency(), **{k: mu for k, (mu, _) in priors_of(chip_name).items()})
 
 
 def _chip_with(chip: Chip, names: list[str], x: np.ndarray) -> Chip:
@@ -114,6 +153,7 @@ def overlay_text(chip_name: str, eff: Efficiency, stats: dict[str, float], sourc
         **({"source_mape_pct": round(stats["source_mape_pct"], 2)} if "source_mape_pct" in stats else {}),
         **({"fit_rows": int(stats["fit_rows"]), "sources": list(stats["sources"]),
             "weighting": WEIGHTINGS[stats.get("weighting", "sources")]} if "fit_rows" in stats else {}),
+        **({"priors": PRIORS_NOTE} if stats.get("priors") else {}),
         "eff": {k: round(float(v), 4) for k, v in eff.__dict__.items()},
     }
     header = "# Written by `planner calibrate`; do not edit by hand. Efficiency overlay for the sourced profile.\n"
@@ -195,19 +235,64 @@ def source_weights(cases: list[Case]) -> np.ndarray:
     return np.array([len(cases) / (len(counts) * counts[c.source]) for c in cases], dtype=float)
 
 
-def fit_sources(cases: list[Case]) -> dict[str, Efficiency]:
-    """The calibration procedure on one group's rows: sources weighted equally, at most MAX_ROWS_PER_SOURCE rows of
-    each (fit_rows), rows the model cannot estimate left out; returns {chip: efficiency} ({} without a row)."""
-    rows = fit_rows(estimable(cases)[0])
+def fit_procedure(cases: list[Case], weighting: str = "sources", priors: bool = False,
+                  copies: dict[str, int] | None = None) -> dict[str, Efficiency]:
+    """One group's rows fitted as WEIGHTINGS[weighting] says, rows the model cannot estimate left out; `priors`:
+    penalized towards hardware/priors.yaml (_fit_group); `copies` {source: times drawn}, a bootstrap resample (a
+    source not named is left out; default each once). Returns {chip: efficiency} ({} without a row)."""
+    rows = estimable(cases)[0]
+    if copies is not None:
+        rows = [c for c in rows if copies.get(c.source, 0) > 0]
+    rows = fit_rows(rows) if weighting == "sources" else rows
     if not rows:
         return {}
-    return _fit_group(rows, source_weights(rows))[0]
+    return _fit_group(rows, procedure_weights(rows, weighting, copies), priors=priors)[0]
 
 
-def fit_rows_unweighted(cases: list[Case]) -> dict[str, Efficiency]:
-    """The procedure of the overlays shipped before issue 28 (every row weight 1, no subsample), for comparison."""
-    rows = estimable(cases)[0]
-    return _fit_group(rows)[0] if rows else {}
+def procedure_weights(rows: list[Case], weighting: str, copies: dict[str, int] | None = None) -> np.ndarray | None:
+    """Row weights of a procedure: 'rows' 1 (None), or the times its source was drawn; 'sources' source_weights,
+    each drawn copy of a source counting as a source of its own (mean row weight 1 either way for 'sources')."""
+    if copies is None:
+        return source_weights(rows) if weighting == "sources" else None
+    drawn = np.array([float(copies[c.source]) for c in rows])
+    if weighting == "rows":
+        return drawn
+    counts: dict[str, int] = {}
+    for c in rows:
+        counts[c.source] = counts.get(c.source, 0) + 1
+    k = sum(copies[s] for s in counts)  # sources in the resample, copies counted
+    return np.array([len(rows) * copies[c.source] / (k * counts[c.source]) for c in rows], dtype=float)
+
+
+def fit_sources(cases: list[Case], priors: bool = False) -> dict[str, Efficiency]:
+    """The calibration procedure on one group's rows: sources weighted equally, at most MAX_ROWS_PER_SOURCE rows of
+    each (fit_rows), rows the model cannot estimate left out; returns {chip: efficiency} ({} without a row)."""
+    return fit_procedure(cases, "sources", priors)
+
+
+def fit_rows_unweighted(cases: list[Case], priors: bool = False) -> dict[str, Efficiency]:
+    """The procedure of the shipped overlays (every row weight 1, no subsample); `priors` as fit_procedure."""
+    return fit_procedure(cases, "rows", priors)
+
+
+@dataclass(frozen=True)
+class Procedure:
+    """A calibration procedure as costmodel.holdout's fit function: called on rows it fits them; start(chip) is what
+    it predicts a chip with when no row can be fitted (start_efficiency), named by start_label."""
+
+    weighting: str = "sources"
+    priors: bool = False
+
+    def __call__(self, cases: list[Case]) -> dict[str, Efficiency]:
+        fit_fn = fit_sources if self.weighting == "sources" else fit_rows_unweighted  # looked up now: tests spy
+        return fit_fn(cases, priors=self.priors)
+
+    def start(self, chip_name: str) -> Efficiency:
+        return start_efficiency(chip_name, self.priors)
+
+    @property
+    def start_label(self) -> str:
+        return "priors" if self.priors else "defaults"
 
 
 def fit_stats(effs: dict[str, Efficiency], cases: list[Case]) -> dict:
@@ -231,14 +316,16 @@ def fit_stats(effs: dict[str, Efficiency], cases: list[Case]) -> dict:
 
 
 def calibrate_all(files: str | list[str], only: list[str] | None = None, directory: Path | None = None,
-                  flag: str = "--write-shipped", weighting: str = "sources", evaluate: list[str] | None = None):
+                  flag: str = "--write-shipped", weighting: str = "sources", evaluate: list[str] | None = None,
+                  priors: bool = False):
     """Fit every chip (or group of chips) that has rows in `files` (WEIGHTINGS[weighting]: by default each source
     the same total weight, fit_sources); yield (name, eff, stats, overlay paths). Overlays are written (atomically)
     into `directory` only when one is given - hardware/calibration (CALIBRATION_DIR) is the shipped one, and there
     the leave-source-out accuracy of the same procedure on the same rows goes into accuracy.yaml (write_accuracy)
     after the last group, with the rows of the `evaluate` files predicted out of source too (never fitted; their
     sources must not be among the fitted ones); every path is checked before the first fit. Rows of borrowers
-    (BORROWERS) are not fitted. No usable row is an InputError."""
+    (BORROWERS) are not fitted. `priors`: each fit penalized towards hardware/priors.yaml (_fit_group). No usable
+    row is an InputError."""
     from hardware.catalog import with_calibration
 
     if weighting not in WEIGHTINGS:
@@ -261,14 +348,14 @@ def calibrate_all(files: str | list[str], only: list[str] | None = None, directo
         if not rows:
             raise InputError(f"--file {shown_path(' + '.join(files))}: no row of {', '.join(members)} can be "
                              "estimated; nothing to fit")
-        effs = _fit_group(rows, source_weights(rows) if weighting == "sources" else None)[0]
-        stats = {**fit_stats(effs, cs), "fit_rows": len(rows), "weighting": weighting}
+        effs = _fit_group(rows, source_weights(rows) if weighting == "sources" else None, priors=priors)[0]
+        stats = {**fit_stats(effs, cs), "fit_rows": len(rows), "weighting": weighting, "priors": priors}
         paths = [] if directory is None else _write_group(members, effs, stats, source, directory, flag)
         with_calibration.cache_clear()
         yield "+".join(members), effs[members[0]], stats, ", ".join(str(p) for p in paths)
     if shipped:
         write_accuracy(cases, source, Path(directory), flag, weighting, extra,
-                       "+".join(Path(f).name for f in evaluate or ()))
+                       "+".join(Path(f).name for f in evaluate or ()), priors)
 
 
 def _load(files: list[str], only: list[str] | None) -> list[Case]:
@@ -314,7 +401,7 @@ def _groups(cases: list[Case]) -> dict[tuple[str, ...], list[Case]]:
 
 
 def accuracy_text(summary: dict, source: str, previous: dict | None = None, weighting: str = "sources",
-                  evaluated_on: str = "") -> str:
+                  evaluated_on: str = "", priors: bool = False) -> str:
     """accuracy.yaml: the leave-source-out summary per chip family (costmodel.holdout.summarize), figures to 2
     decimals and log residuals to 4; families not in `summary` are kept from `previous` (a run with --hardware)."""
     fams = dict((previous or {}).get("families") or {})
@@ -331,7 +418,8 @@ def accuracy_text(summary: dict, source: str, previous: dict | None = None, weig
             "log_residual_p90": round(f["log_residual_p90"], 4),
             "predicted_by": f["predicted_by"],
         }
-    doc = {"method": ACCURACY_METHOD, "weighting": WEIGHTINGS[weighting], "families": dict(sorted(fams.items()))}
+    doc = {"method": ACCURACY_METHOD_PRIORS if priors else ACCURACY_METHOD, "weighting": WEIGHTINGS[weighting],
+           **({"priors": PRIORS_NOTE} if priors else {}), "families": dict(sorted(fams.items()))}
     header = ("# Written by `planner calibrate --write-shipped`; do not edit by hand. Out-of-source accuracy of the "
               "shipped\n# calibration (costmodel.holdout.leave_source_out); percentiles of log(predicted/measured), "
               "sources weighted equally.\n")
@@ -342,10 +430,13 @@ ACCURACY_METHOD = ("leave-source-out at calibration time: every row of a source 
                    "sources of its chip family (the same procedure as the overlays); a family with one source is "
                    "predicted with the default efficiencies (no fit); borrowers by their lender's fit without the "
                    "held-out source")
+ACCURACY_METHOD_PRIORS = ACCURACY_METHOD.replace("the default efficiencies (no fit)",
+                                                 "the prior means of hardware/priors.yaml (no fit)")
 
 
 def write_accuracy(cases: list[Case], source: str, directory: Path, flag: str = "--write-shipped",
-                   weighting: str = "sources", extra: list[Case] | None = None, evaluated_on: str = "") -> Path:
+                   weighting: str = "sources", extra: list[Case] | None = None, evaluated_on: str = "",
+                   priors: bool = False) -> Path:
     """Leave-source-out over `cases` (all chips of the calibration's files) and the `extra` rows (predicted, never
     fitted), and its summary in accuracy.yaml, merged with the families already there (atomic write)."""
     from costmodel.holdout import leave_source_out, summarize
@@ -353,10 +444,10 @@ def write_accuracy(cases: list[Case], source: str, directory: Path, flag: str = 
 
     path = Path(directory) / ACCURACY_FILE
     previous = read_yaml(path) if path.is_file() else None
-    fit = fit_sources if weighting == "sources" else fit_rows_unweighted
     pool = {c.source for c in cases}
-    summary = summarize(leave_source_out(cases + list(extra or ()), fit, pool=pool), pool=pool)
-    return write_text(path, accuracy_text(summary, source, previous, weighting, evaluated_on), flag)
+    summary = summarize(leave_source_out(cases + list(extra or ()), Procedure(weighting, priors), pool=pool),
+                        pool=pool)
+    return write_text(path, accuracy_text(summary, source, previous, weighting, evaluated_on, priors), flag)
 
 
 def _no_rows(files: list[str], only: list[str] | None, skipped: dict[str, str]) -> str:
@@ -387,10 +478,13 @@ def _write_group(members: tuple[str, ...], effs: dict[str, Efficiency], stats: d
     return paths
 
 
-def _fit_group(cases: list[Case], weights: np.ndarray | None = None) -> tuple[dict[str, Efficiency], dict[str, float]]:
+def _fit_group(cases: list[Case], weights: np.ndarray | None = None,
+               priors: bool = False) -> tuple[dict[str, Efficiency], dict[str, float]]:
     """Fit one efficiency set shared by all chips of the cases (same silicon, different HBM), with the
     PER_MEMBER (cluster) parameters fitted per chip when the group has several; returns {chip: efficiency}.
-    `weights` (one per case; default 1) scale each row's squared log residual (source_weights)."""
+    `weights` (one per case; default 1) scale each row's squared log residual (source_weights). Every parameter is
+    pulled towards its default by PRIOR_WEIGHT * (x - default) / scale; with `priors`, a parameter that has a prior
+    in hardware/priors.yaml adds ((x - mean) / sd)^2 instead and starts from its mean (_pull)."""
     from scipy.optimize import least_squares  # here: scipy.optimize takes ~1 s to import, and only a fit needs it
 
     root_w = np.ones(len(cases)) if weights is None else np.sqrt(np.asarray(weights, dtype=float))
@@ -398,11 +492,9 @@ def _fit_group(cases: list[Case], weights: np.ndarray | None = None) -> tuple[di
     shared = [n for n in BOUNDS if len(members) == 1 or n not in PER_MEMBER]
     names = shared + [(n, m) for n in BOUNDS if n not in shared for m in members]
     key = [n if isinstance(n, str) else n[0] for n in names]
-    x0 = np.array([getattr(Efficiency(), k) for k in key], dtype=float)
     lo = np.array([BOUNDS[k][0] for k in key])
     hi = np.array([BOUNDS[k][1] for k in key])
-    scale = np.array([BOUNDS[k][2] for k in key])
-    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    x0, penalty = _pull(names, members[0], lo, hi, priors)
 
     def effs_of(x: np.ndarray) -> dict[str, Efficiency]:
         out = {}
@@ -421,8 +513,10 @@ def _fit_group(cases: list[Case], weights: np.ndarray | None = None) -> tuple[di
             out.append(math.log(t / c.measured_step_time_s))
         return np.asarray(out)
 
+    data_w = root_w / RESIDUAL_SD if priors else root_w  # the log residuals in units of their noise (RESIDUAL_SD)
+
     def f(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([root_w * res(x), PRIOR_WEIGHT * (x - x0) / scale])
+        return np.concatenate([data_w * res(x), penalty(x)])
 
     sol = least_squares(f, x0, bounds=(lo, hi), loss="linear", diff_step=1e-3, max_nfev=200)
     x = sol.x
@@ -437,3 +531,23 @@ def _fit_group(cases: list[Case], weights: np.ndarray | None = None) -> tuple[di
         x = least_squares(f, x, bounds=(lo, hi), loss="linear", diff_step=1e-3, max_nfev=200).x
     pct = np.abs(np.expm1(res(x))) * 100
     return effs_of(x), {"rows": len(pct), "mape_pct": float(pct.mean()), "worst_pct": float(pct.max())}
+
+
+def _pull(names: list, first: str, lo: np.ndarray, hi: np.ndarray, priors: bool):
+    """(start point, penalty(x)) of _fit_group over `names` (a shared parameter's name, or (name, member)): the
+    weak pull PRIOR_WEIGHT * (x - default) / BOUNDS scale towards the clipped defaults, and with `priors` (x - mean)
+    / sd for each parameter with a prior (priors_of: the member's, a shared one's `first` member's), in the units the
+    priors are stated in (fractions, elements, seconds), starting from the mean clipped into the bounds."""
+    key = [n if isinstance(n, str) else n[0] for n in names]
+    default = np.clip(np.array([getattr(Efficiency(), k) for k in key], dtype=float), lo + 1e-9, hi - 1e-9)
+    scale = np.array([BOUNDS[k][2] for k in key])
+    table = [priors_of(first if isinstance(n, str) else n[1]) if priors else {} for n in names]
+    has = np.array([k in t for k, t in zip(key, table, strict=True)])
+    mean = np.array([t[k][0] if k in t else 0.0 for k, t in zip(key, table, strict=True)])
+    sd = np.array([t[k][1] if k in t else 1.0 for k, t in zip(key, table, strict=True)])
+    x0 = np.where(has, np.clip(mean, lo + 1e-9, hi - 1e-9), default)
+
+    def penalty(x: np.ndarray) -> np.ndarray:
+        weak = PRIOR_WEIGHT * (x - default) / scale
+        return np.where(has, (x - mean) / sd, weak) if has.any() else weak
+    return x0, penalty

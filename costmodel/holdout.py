@@ -5,8 +5,10 @@ Pure functions, no printing. Every split returns one record (a dict) per predict
 family is the chip family (costmodel.calibrate.family: the calibration group, a100-40gb + a100-80gb -> a100; a
 borrower such as h200 or b200 is its own family), log_residual = log(predicted / measured), predicted_by says what
 predicted the row: 'fit' (a fit on the training rows), 'defaults' (no training row: the default efficiencies of
-hardware.chip.Efficiency, the prior every fit starts from), or 'lender fit' / 'lender defaults' for a borrower's
-rows (costmodel.calibrate.BORROWERS: never fitted, predicted with their lender's parameters).
+hardware.chip.Efficiency, the prior every fit starts from), 'priors' (no training row, and the fit is
+costmodel.calibrate.Procedure(priors=True): the prior means of hardware/priors.yaml), or 'lender fit' / 'lender
+defaults' / 'lender priors' for a borrower's rows (costmodel.calibrate.BORROWERS: never fitted, predicted with their
+lender's parameters).
 
 Splits, each within a fit family (a calibration group together with the chips that borrow its fit):
   in_sample            every row predicted by the fit on all of its family's fitted rows (for comparison only).
@@ -69,20 +71,23 @@ def _fit_once(train: list[Case], fit: FitFn, memo: dict) -> dict[str, Efficiency
     return memo[key]
 
 
-def predict(cases: list[Case], effs: dict[str, Efficiency], split: str) -> list[dict]:
-    """Records for `cases` under the fitted {chip: efficiency} (empty: the defaults). A chip without its own entry
-    takes its lender's, else the fit's first; a row the model cannot estimate gives no record."""
+def predict(cases: list[Case], effs: dict[str, Efficiency], split: str, fit: FitFn | None = None) -> list[dict]:
+    """Records for `cases` under the fitted {chip: efficiency}. A chip without its own entry takes its lender's, else
+    the fit's first; with no fit (empty `effs`), what `fit` starts from (its start(chip), e.g. the prior means of
+    calibrate.Procedure(priors=True); its lender's for a borrower), else the defaults. A row the model cannot
+    estimate gives no record."""
     first = next(iter(effs.values()), None)
+    start, label = getattr(fit, "start", None), getattr(fit, "start_label", "defaults")
     out = []
     for c in cases:
         lender = calibrate.LENDER.get(c.chip.name)
         eff = effs.get(c.chip.name) or (effs.get(lender) if lender else None) or first
-        chip = replace(c.chip, eff=eff or Efficiency())
+        chip = replace(c.chip, eff=eff or (start(lender or c.chip.name) if start else Efficiency()))
         try:
             t = estimate(c.model, chip, c.job, c.plan).step_time_s
         except (InputError, ArithmeticError):
             continue
-        how = "fit" if eff is not None else "defaults"
+        how = "fit" if eff is not None else label if start else "defaults"
         out.append({"split": split, "id": c.id, "source": c.source, "framework": c.framework,
                     "family": calibrate.family(c.chip.name), "chip": c.chip.name, "chips": c.plan.chips,
                     "predicted_s": t, "measured_s": c.measured_step_time_s,
@@ -100,7 +105,7 @@ def _leave_one_out(cases: list[Case], split: str, key: Callable[[Case], str], fi
     for cs in _families(cases).values():
         for value in sorted({key(c) for c in cs}):
             train = [c for c in _fitted(cs, pool) if key(c) != value]
-            out += predict([c for c in cs if key(c) == value], _fit_once(train, fit, memo), split)
+            out += predict([c for c in cs if key(c) == value], _fit_once(train, fit, memo), split, fit)
     return out
 
 
@@ -110,7 +115,7 @@ def in_sample(cases: list[Case], fit: FitFn | None = None, memo: dict | None = N
     fit = fit or _default_fit
     memo = {} if memo is None else memo
     return [r for cs in _families(cases).values()
-            for r in predict(cs, _fit_once(_fitted(cs, pool), fit, memo), "in_sample")]
+            for r in predict(cs, _fit_once(_fitted(cs, pool), fit, memo), "in_sample", fit)]
 
 
 def leave_source_out(cases: list[Case], fit: FitFn | None = None, memo: dict | None = None,
@@ -144,7 +149,7 @@ def leave_scale_out(cases: list[Case], fit: FitFn | None = None, memo: dict | No
         test = [c for c in cs if c.plan.chips > n]
         if test:
             out += predict(test, _fit_once([c for c in _fitted(cs, pool) if c.plan.chips <= n], fit, memo),
-                           "leave_scale_out")
+                           "leave_scale_out", fit)
     return out
 
 

@@ -40,7 +40,7 @@ def _case(i: int, source: str, framework: str = "maxtext", chip: str = "tpu-v5p"
 
 def _stub_fit(calls: list):
     """A stand-in for calibrate._fit_group that records the rows it is given and fits nothing."""
-    def fit_group(cases, weights=None):
+    def fit_group(cases, weights=None, priors=False):
         calls.append({"ids": [c.id for c in cases], "sources": {c.source for c in cases},
                       "frameworks": {c.framework for c in cases}, "chips": [c.plan.chips for c in cases],
                       "weights": None if weights is None else list(weights)})
@@ -57,9 +57,9 @@ def test_leave_source_out_never_fits_a_row_of_the_predicted_source(monkeypatch):
     predicted: list = []
     real_predict = holdout.predict
 
-    def spy_predict(test, effs, split):
+    def spy_predict(test, effs, split, fit=None):
         predicted.append(({c.source for c in test}, next(iter(effs.values()), None)))
-        return real_predict(test, effs, split)
+        return real_predict(test, effs, split, fit)
 
     monkeypatch.setattr(holdout, "predict", spy_predict)
     records = holdout.leave_source_out(cases)
@@ -213,9 +213,12 @@ def test_calibrate_writes_the_leave_source_out_summary_with_the_shipped_overlays
     assert fam["rows"] == 3 and fam["sources"] == ["maxtext2023-v5p", "second"]
     assert fam["calibration_sources"] == fam["sources"] and fam["predicted_by"] == "fit"
     assert "out of source (leave-source-out) tpu-v5p" in out
-    # the overlay's fit, then one leave-source-out fit per source, each without the held-out source's rows
-    assert len(calls) == 3 and sorted(map(sorted, (c["sources"] for c in calls[1:]))) == [["maxtext2023-v5p"],
-                                                                                           ["second"]]
+    # the overlay's fit, then one leave-source-out fit per source, each without the held-out source's rows, for
+    # accuracy.yaml and again for evidence.yaml (costmodel.evidence)
+    folds = [["maxtext2023-v5p"], ["second"]]
+    assert len(calls) == 5 and calls[0]["sources"] == {"maxtext2023-v5p", "second"}
+    assert sorted(map(sorted, (c["sources"] for c in calls[1:3]))) == folds
+    assert sorted(map(sorted, (c["sources"] for c in calls[3:]))) == folds
 
 
 def test_borrowers_are_not_fitted():
@@ -223,3 +226,36 @@ def test_borrowers_are_not_fitted():
         calibrate._load([str(V5P_RUNS)], ["h200"])
     assert calibrate.fit_family("h200") == "h100-sxm" and calibrate.family("a100-40gb") == "a100"
     assert np.isclose(calibrate.source_weights([_case(0, "x")]).sum(), 1.0)
+
+
+def test_a_family_with_one_source_is_predicted_with_the_prior_means_under_priors(monkeypatch):
+    def no_fit(*_a, **_k):
+        raise AssertionError("a single-source family must not be fitted out of source")
+
+    monkeypatch.setattr(calibrate, "_fit_group", no_fit)
+    cases = [_case(i, "alpha") for i in range(2)]
+    records = holdout.leave_source_out(cases, calibrate.Procedure("rows", priors=True))
+    assert {r["predicted_by"] for r in records} == {"priors"}
+    start = calibrate.start_efficiency("tpu-v5p", priors=True)
+    assert start != Efficiency()
+    want = estimate(cases[0].model, replace(cases[0].chip, eff=start), cases[0].job, cases[0].plan).step_time_s
+    assert records[0]["predicted_s"] == pytest.approx(want)
+
+
+def test_procedure_calls_the_fit_with_priors_and_a_resample_weighs_a_source_by_its_draws(monkeypatch):
+    calls: list = []
+    stub = _stub_fit(calls)
+
+    def spy(cases, weights=None, priors=False):
+        calls.append({"priors": priors})
+        return stub(cases, weights)
+    monkeypatch.setattr(calibrate, "_fit_group", spy)
+    cases = [_case(i, "a") for i in range(2)] + [_case(i, "b") for i in range(4)] + [_case(0, "c")]
+    calibrate.Procedure("sources", priors=True)(cases)
+    assert calls[0]["priors"] is True
+    calibrate.fit_procedure(cases, "rows", copies={"a": 2, "b": 1})
+    assert sorted(calls[-1]["weights"]) == [1.0] * 4 + [2.0] * 2  # 'c' not drawn: left out
+    calibrate.fit_procedure(cases, "sources", copies={"a": 2, "b": 1})
+    w, ids = np.array(calls[-1]["weights"]), calls[-1]["ids"]
+    total = {s: w[[i.startswith(s) for i in ids]].sum() for s in ("a", "b")}
+    assert total["a"] == pytest.approx(2 * total["b"]) and w.mean() == pytest.approx(1.0)
