@@ -29,7 +29,8 @@ Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025
               [--moe-router-pre-softmax] [--moe-router-topk-scaling-factor] [--moe-router-enable-expert-bias
               --moe-router-bias-update-rate] [--moe-router-num-groups --moe-router-group-topk]; MLA:
               --multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
-              and YaRN's --rotary-scaling-factor --mscale --mscale-all-dim (or --rope-type rope). Megatron takes the
+              and YaRN's --rotary-scaling-factor --mscale --mscale-all-dim (or --rope-type rope, a flag of the trees
+              since 2025-07; every other flag here is in the 2025-05 tree too). Megatron takes the
               vocabulary from the tokenizer and pads it to a multiple of --make-vocab-size-divisible-by * TP; the
               divisor written keeps --vocab-size exact under NullTokenizer (megatron/core/tokenizers since 2026-02;
               the 2025 trees' _NullTokenizer adds an EOD token first).
@@ -37,7 +38,8 @@ Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025
 Not expressible (exported as the nearest plan, with a warning and both predicted costs): an fsdp axis or ZeRO-2/3
 (-> data parallel with the distributed optimizer, ZeRO-1), remat choices other than none/selective/full (-> the
 policy keeping the most similar set of tensors in HBM), activation offload, parameter offload, optimizer offload
-without the distributed optimizer, int8 matmuls (-> bf16).
+without the distributed optimizer, int8 matmuls (-> bf16). Model settings the arguments cannot carry are noted
+(ALiBi, a gated GeLU MLP, RoPE scaling other than Llama 3.1's or MLA's YaRN, sliding windows and their RoPE base).
 
 Names are data, never code (issue 31): every argument is written through shlex.quote, and every comment line
 through hardware.errors.escape, which writes line breaks (\\n, \\r, U+0085, U+2028) and control characters as
