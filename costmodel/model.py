@@ -111,7 +111,7 @@ class ModelSpec:
         if not (math.isfinite(self.capacity_factor) and (self.capacity_factor == 0 or self.capacity_factor >= 1)):
             raise InputError(f"{where}: field 'capacity_factor' must be 0 (dropless) or >= 1, "
                              f"got {self.capacity_factor}")
-        for f in ("sliding_window", "local_per_global"):
+        for f in ("sliding_window", "local_per_global", "rope_original_context"):
             if getattr(self, f) < 0:
                 raise InputError(f"{where}: field {f!r} must be >= 0, got {getattr(self, f)}")
         if self.is_mla and self.v_head_dim == 0:
