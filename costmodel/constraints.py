@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import UNEVEN_PP_FRAMEWORKS, Plan, busiest_stage_layers
+from costmodel.plan import Plan, busiest_stage_layers
 from hardware.chip import Chip
 from hardware.errors import InputError
 
@@ -20,7 +20,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     if plan.tp > 1 and m.n_kv_heads % plan.tp and plan.tp % m.n_kv_heads:
         raise InputError(f"tp: n_kv_heads {m.n_kv_heads} and tp {plan.tp} must divide one another")
     if m.n_layers % (plan.pp * plan.vpp):
-        if job.framework not in UNEVEN_PP_FRAMEWORKS:
+        if not job.fw.uneven_pp:
             raise InputError(f"pp*vpp: n_layers {m.n_layers} is not divisible by pp*vpp = {plan.pp * plan.vpp} "
                              f"({job.framework} splits the layers evenly; Megatron-LM can split them unevenly: "
                              "--framework megatron)")
@@ -49,31 +49,32 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
 
 
 def check_framework_rules(job: Job, plan: Plan) -> None:
-    """Rules the target framework itself enforces, so that every costed plan can be launched there."""
+    """Rules the target framework itself enforces (costmodel.framework), so that every costed plan can be launched
+    there."""
+    fw = job.fw
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
-    if job.framework == "maxtext":
-        # MaxText 0.2.5's config loader refuses shard_optimizer_over_data together with fsdp > 1.
-        if plan.zero in (1, 2) and plan.fsdp > 1:
-            raise InputError(f"zero: MaxText cannot shard optimizer state over dp (zero={plan.zero}) when fsdp > 1 "
-                             f"(fsdp={plan.fsdp}); use zero 0 or 3")
-        # num_pipeline_microbatches must be a multiple of the number of stages.
-        if plan.pp > 1 and accum % plan.pp:
-            raise InputError(f"micro_batch: MaxText needs the pipeline micro-batch count ({accum}) to be a "
-                             f"multiple of pp ({plan.pp})")
+    # MaxText 0.2.5's config loader refuses shard_optimizer_over_data together with fsdp > 1.
+    if not fw.zero_with_fsdp and plan.zero in (1, 2) and plan.fsdp > 1:
+        raise InputError(f"zero: {fw.display} cannot shard optimizer state over dp (zero={plan.zero}) when fsdp > 1 "
+                         f"(fsdp={plan.fsdp}); use zero 0 or 3")
+    # MaxText: num_pipeline_microbatches must be a multiple of the number of stages.
+    if fw.microbatches_per_stage and plan.pp > 1 and accum % plan.pp:
+        raise InputError(f"micro_batch: {fw.display} needs the pipeline micro-batch count ({accum}) to be a "
+                         f"multiple of pp ({plan.pp})")
     if plan.vocab_tiles > 1:
         tokens = plan.micro_batch * job.seq_len // plan.cp
-        if job.framework != "maxtext":
+        if not fw.vocab_tiling:
             raise InputError(f"vocab_tiles: vocab tiling (num_vocab_tiling) is a maxtext setting; framework "
                              f"{job.framework!r} computes the logits whole (expected vocab_tiles 1)")
         if tokens % plan.vocab_tiles:
             raise InputError(f"vocab_tiles: must divide the tokens per micro-batch on a chip ({tokens}), "
                              f"got {plan.vocab_tiles}")
-    if job.framework == "deepspeed" and plan.vpp > 1:
-        # DeepSpeed's PipelineEngine runs one model chunk per stage (its TrainSchedule is plain 1F1B).
-        raise InputError(f"vpp: DeepSpeed's pipeline engine has no interleaved schedule; expected vpp 1 with "
-                         f"framework deepspeed, got {plan.vpp}")
-    if job.framework == "megatron":
-        if plan.cp > 1 and job.seq_len % (2 * plan.cp):
-            raise InputError(f"cp: Megatron needs seq_len ({job.seq_len}) divisible by 2*cp ({2 * plan.cp})")
-        if plan.offload_optimizer and plan.zero < 1:
-            raise InputError("offload: Megatron's optimizer CPU offload needs the distributed optimizer (zero >= 1)")
+    # DeepSpeed's PipelineEngine runs one model chunk per stage (its TrainSchedule is plain 1F1B).
+    if not fw.interleaved_pp and plan.vpp > 1:
+        raise InputError(f"vpp: {fw.display}'s pipeline engine has no interleaved schedule; expected vpp 1 with "
+                         f"framework {fw.name}, got {plan.vpp}")
+    k = fw.cp_chunks  # Megatron's load-balanced causal cp: 2 * cp chunks of the sequence
+    if k > 1 and plan.cp > 1 and job.seq_len % (k * plan.cp):
+        raise InputError(f"cp: {fw.display} needs seq_len ({job.seq_len}) divisible by {k}*cp ({k * plan.cp})")
+    if fw.optimizer_offload_needs_zero and plan.offload_optimizer and plan.zero < 1:
+        raise InputError(f"offload: {fw.display}'s optimizer CPU offload needs the distributed optimizer (zero >= 1)")

@@ -28,7 +28,6 @@ from costmodel.memory import (
     MemoryTerms,
     busiest_kinds,
     layer_stages,
-    maxtext_pipeline,
     memory_terms,
     stage_kinds,
     weight_shard_degrees,
@@ -101,7 +100,7 @@ def recomputed_ops(ops: list[Op], plan: Plan, job: Job) -> list[Op]:
         tensor = op.produces or ("mlp_in" if op.name == "router" else "")
         if not tensor or choices[tensor] != "remat":
             continue
-        if tensor == "mlp_out" and job.framework != "megatron" and not (moe and choices["mlp_in"] == "remat"):
+        if tensor == "mlp_out" and not job.fw.reruns_mlp_out and not (moe and choices["mlp_in"] == "remat"):
             continue
         out.append(op)
     return out
@@ -112,7 +111,7 @@ def rerun_once_ops(ops: list[Op], plan: Plan, job: Job) -> list[Op]:
     choice: MLA's down-projections. MaxText's minimal policies keep query_proj / key_proj / value_proj but not the
     latents (query_wa_proj, kv_wa_proj, mla_q, mla_kv; layers/nnx_decoders.py), which the up-projections' weight
     gradients need (the validator's CPU compiles: deepseek tp 4 selective FLOPs -5.4 % without this)."""
-    if job.framework != "maxtext" or not plan.remat.count("remat") or plan.remat.qkv_proj == "remat":
+    if not job.fw.jax_remat or not plan.remat.count("remat") or plan.remat.qkv_proj == "remat":
         return []
     return [op for op in ops if op.name == "mla_down"]
 
@@ -208,7 +207,7 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
 def head_stages(job: Job, plan: Plan) -> int:
     """Stages that share the logits (embedding and loss) of each micro-batch: all of them under MaxText's
     pipeline (the batch is split over `stage` outside it), else the last stage alone."""
-    return plan.pp if maxtext_pipeline(job, plan) else 1
+    return plan.pp if job.fw.spmd_pipeline(plan.pp) else 1
 
 
 # ---- communication ------------------------------------------------------------------------------------------
@@ -242,7 +241,7 @@ def reruns_expert_exchange(job: Job, plan: Plan) -> bool:
     checkpoint, and the experts' weight gradients and the gate gradient need them (the validator's CPU compiles:
     6 all-to-alls per MoE layer under selective remat, not 4); PyTorch frameworks rerun them only when the MLP
     itself is recomputed."""
-    return plan.remat.count("remat") > 0 if job.framework == "maxtext" else plan.remat.mlp_in == "remat"
+    return plan.remat.count("remat") > 0 if job.fw.jax_remat else plan.remat.mlp_in == "remat"
 
 
 def expert_exchange(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, layer_steps: float,
@@ -253,7 +252,7 @@ def expert_exchange(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLi
     # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
     # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
     # (input_partition_pspec: batch, activation_norm_length -- no tensor axis), so every tp rank sends all.
-    split = plan.tp if (plan.sequence_parallel and job.framework != "maxtext") else 1
+    split = plan.tp if (plan.sequence_parallel and job.fw.dispatch_sp_shards) else 1
     a2a_bytes = plan.micro_batch * job.seq_len / plan.cp * m.experts_per_token * m.d_model * BF16 / split
     t = collective_time(link, "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
     # Every MoE stage exchanges its tokens, and in a pipeline the slowest stage sets the pace: the stage with the
@@ -278,7 +277,7 @@ def expert_exchange_floor_s(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accu
 def layer_passes(job: Job, plan: Plan, accum: int) -> float:
     """Layer passes per stage in a step, in micro-batches: MaxText's pipeline iterations run every stage through
     the bubble too (M * vpp + pp - 1 iterations of L / (pp * vpp) layers), each with its layers' collectives."""
-    return accum + ((plan.pp - 1) / plan.vpp if maxtext_pipeline(job, plan) else 0)
+    return accum + ((plan.pp - 1) / plan.vpp if job.fw.spmd_pipeline(plan.pp) else 0)
 
 
 @dataclass(frozen=True)
@@ -319,7 +318,7 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
     # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
     # full recompute) repeats the other.
     n_att = 2 + (plan.remat.out_proj == "remat")
-    n_mlp = 2 + (plan.remat.mlp_out == "remat" and job.framework == "megatron")
+    n_mlp = 2 + (plan.remat.mlp_out == "remat" and job.fw.reruns_mlp_out)
     # Hidden behind the layer's own matmuls to the extent tp_overlap allows.
     per_layer_t = n_att * t + n_mlp * t_mlp
     exposed = max(per_layer_t * (1 - eff.tp_overlap), per_layer_t - eff.tp_overlap * (st.layer_fwd + st.layer_bwd))
@@ -334,7 +333,7 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
     # (the final norm output); one each per micro-step, on the first and the last stage. Not hidden: they
     # open the forward and the backward pass. Seen in the validator's HLO (tp plans: 2 per step).
     # MaxText with pp: both on every stage, for its M / pp micro-batches (the batch is split over the stages).
-    if maxtext_pipeline(job, plan):
+    if job.fw.spmd_pipeline(plan.pp):
         n_vocab = 2 * s.micro_steps / plan.pp
     else:
         n_vocab = (2 if plan.pp == 1 else 1) * s.micro_steps
@@ -344,7 +343,7 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
     # MLP input projections again for their weight gradients (Megatron re-gathers rather than keeping them,
     # Korthikanti et al. 2022, sec. 4.2.2; XLA does the same whenever the norm outputs are recomputed, i.e.
     # under any remat). Hidden like the layer's other tp collectives.
-    if plan.sequence_parallel and (job.framework != "maxtext" or plan.remat.count("remat") > 0):
+    if plan.sequence_parallel and (not job.fw.jax_remat or plan.remat.count("remat") > 0):
         n_sp = 2 * s.layers * s.layer_steps
         t_ag = collective_time(link, "all-gather", nbytes, eff.link, eff.net)
         exposed_sp = max(2 * t_ag * (1 - eff.tp_overlap), 2 * t_ag - eff.tp_overlap * st.layer_bwd)
@@ -370,14 +369,14 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
         parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
     wbytes = sum(n for _, n in parts) * BF16
     gbytes = sum(n for _, n in parts) * mem.grad_reduce_bytes
-    flat = job.framework == "deepspeed"
+    flat = job.fw.flat_weight_collectives
     t_ag = sum(group_time(lks, "all-gather", n * BF16, chip, flat) for lks, n in parts if n)
     t_rs = sum(group_time(lks, "reduce-scatter", n * mem.grad_reduce_bytes, chip, flat) for lks, n in parts if n)
     exp_f = max(0.0, t_ag - ov * st.layer_fwd)
     exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / s.layers))
     n = s.layers * s.layer_steps
     lvl = "network" if any(lk.outer > 1 for lk in wlinks) else "scale-up"
-    if maxtext_pipeline(job, plan):
+    if job.fw.spmd_pipeline(plan.pp):
         # MaxText's pipeline keeps the stage's unreduced bf16 gradients through its iteration loop and
         # reduce-scatters them once after it (one fused all-reduce-scatter in the compiled step's entry
         # computation, none in the loop bodies; l2-7b pp2 x fsdp4 on v5p-16), with nothing left to hide behind;
@@ -400,12 +399,12 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
     t_ers = group_time(wlinks, "reduce-scatter", table * mem.grad_reduce_bytes, chip, flat)
     # MaxText with pp computes the logits once per step, outside its pipeline, for the chip's M / pp
     # micro-batches: one gather and one reduce-scatter of the table.
-    n_head = 1 if maxtext_pipeline(job, plan) else s.micro_steps
+    n_head = 1 if job.fw.spmd_pipeline(plan.pp) else s.micro_steps
     out.append(_coll(Role.TABLE_GATHER, "fsdp", "all-gather", "output table", n_head, table * BF16, t_eag,
                      n_head * t_eag, lvl))
     out.append(_coll(Role.TABLE_GRAD_REDUCE, "fsdp", "reduce-scatter", "output table grads", n_head,
                      table * mem.grad_reduce_bytes, t_ers, n_head * t_ers, lvl))
-    if job.framework == "maxtext":
+    if job.fw.sharded_embedding_lookup:
         # The input embedding lookup runs on the d-sharded table (GSPMD partitions the gather along the table's
         # sharded dimension): every chip looks up its d-slice for all the group's tokens, and an all-to-all per
         # shard axis hands each token's row to the chip that owns the token; the backward pass sends the row
@@ -431,7 +430,7 @@ def gradient_reductions(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: d
     # MaxText with pp: the embedding tables sit on every stage and see every stage's share of the batch, so their
     # gradients are reduced over dp x pp in one collective (the stage weights' over dp alone).
     pp_tables = 0.0
-    if maxtext_pipeline(job, plan):
+    if job.fw.spmd_pipeline(plan.pp):
         pp_tables = m.embedding_params() / plan.tp / math.prod(wdegrees.values())
     shared = mem.non_expert_param_elems - pp_tables if moe_ep else 0.0
     out: list[Collective] = []
@@ -481,7 +480,7 @@ def stage_transfers(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLi
     p_bytes = s.tokens * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
     t = collective_time(link, "p2p", p_bytes, chip.eff.link, chip.eff.net)
     out: list[Collective] = []
-    if job.framework == "maxtext":
+    if job.fw.spmd_pipeline(plan.pp):
         # MaxText shifts every stage's output to the next stage once per pipeline iteration but the last
         # (M * vpp + pp - 1 iterations), forward and backward; and the logits' batch is split over the
         # stages, so (pp - 1) / pp of the last stage's outputs move to the other stages (and back).

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodel.framework import REGISTRY, Framework, framework
 from hardware.errors import InputError
 
 MAX_TOKENS_PER_STEP = 2**40  # a sanity bound (published runs step ~4M-60M tokens): keeps times in int64 ns
 PRECISIONS = ("bf16", "fp16", "fp8", "int8")
-FRAMEWORKS = ("maxtext", "megatron", "pytorch-fsdp", "deepspeed")
+FRAMEWORKS = tuple(REGISTRY)  # costmodel.framework: one record each
 WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
@@ -16,16 +17,11 @@ WEIGHT_DTYPES = ("float32", "bfloat16")
 class Job:
     """seq_len in tokens, global_batch in sequences per optimizer step.
 
-    framework picks the conventions of the training stack (costmodel.memory.CONVENTIONS):
-      maxtext:      fp32 weights and Adam moments, bf16 compute, fp32 gradient accumulator (JAX/XLA).
-      megatron:     bf16 weights, fp32 main gradients, fp32 master weights + moments in the optimizer (12 B).
-      pytorch-fsdp: fp32 sharded weights (amp_bf16 compute), fp32 gradients accumulated in place (llm-foundry).
-      deepspeed:    Megatron's state layout; ZeRO-3 parameter gathers run as flat collectives over the data
-                    group (one NIC per rank across nodes, no multi-rail aggregation), as DeepSpeed 2021 did.
-    weight_dtype (maxtext only) is MaxText's `weight_dtype`: "bfloat16" stores the weights and both Adam
-    moments in bf16 (gradients stay fp32, MaxText's `grad_dtype` default). scan_layers (maxtext only) is
-    MaxText's `scan_layers` (default true): the layers run under one lax.scan, whose backward loop keeps extra
-    buffers (costmodel.memory.xla_loop_extra_bytes); false unrolls them.
+    framework names the training stack whose conventions apply (costmodel.framework: its record, `fw`).
+    weight_dtype "bfloat16" (MaxText's `weight_dtype`) stores the weights and both Adam moments in bf16, where
+    the framework has that setting. scan_layers is MaxText's `scan_layers` (default true): the layers run under
+    one lax.scan, whose backward loop keeps extra buffers (costmodel.memory.xla_loop_extra_bytes); false unrolls
+    them (read only where Framework.scanned_layers).
     """
 
     seq_len: int
@@ -45,13 +41,15 @@ class Job:
                              f"{self.seq_len * self.global_batch:.3g} tokens per step; expected at most 2^40 (1.1e12)")
         if self.precision not in PRECISIONS:
             raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.framework not in FRAMEWORKS:
-            raise InputError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        fw = framework(self.framework)
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise InputError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.weight_dtype!r}")
-        if self.weight_dtype == "bfloat16" and self.framework != "maxtext":
-            raise InputError(f"weight_dtype bfloat16 is a maxtext setting; framework {self.framework!r} has its own "
-                             "state layout (expected --framework maxtext)")
+        fw.state_bytes(self.weight_dtype)  # raises where the framework has no such layout
+
+    @property
+    def fw(self) -> Framework:
+        """The framework's record (costmodel.framework)."""
+        return REGISTRY[self.framework]
 
     @property
     def tokens(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from costmodel.framework import SPMD, StateBytes
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import TENSORS, Plan, busiest_stage_layers, stage_layer_counts
@@ -22,25 +23,12 @@ from hardware.chip import Chip
 
 BF16 = 2
 
-CONVENTIONS = {
-    # name: (weight bytes, gradient bytes, optimizer bytes per param, Adam update HBM bytes per param)
-    # Adam update traffic: fp32 weights: read p, g, m, v and write p, m, v (7 x 4 B);
-    # bf16 weights + master: read g, master, m, v, write master, m, v (fp32) and the bf16 weight copy (7 x 4 + 2 B).
-    "maxtext": (4, 4, 8, 28),
-    "pytorch-fsdp": (4, 4, 8, 28),
-    "megatron": (2, 4, 12, 30),
-    "deepspeed": (2, 4, 12, 30),
-}
-# MaxText with weight_dtype=bfloat16: bf16 weights and bf16 mu/nu (optax keeps moments in the param dtype),
-# fp32 gradients (grad_dtype default); update reads p, m, v (2 B) and g (4 B), writes p, m, v: 16 B.
-MAXTEXT_BF16_WEIGHTS = (2, 4, 4, 16)
 
 
-def state_convention(job: Job) -> tuple[int, int, int, int]:
-    """(weight, gradient, optimizer bytes per parameter, Adam update HBM bytes per parameter) for the job."""
-    if job.framework == "maxtext" and job.weight_dtype == "bfloat16":
-        return MAXTEXT_BF16_WEIGHTS
-    return CONVENTIONS[job.framework]
+def state_convention(job: Job) -> StateBytes:
+    """(weight, gradient, optimizer bytes per parameter, Adam update HBM bytes per parameter) for the job: its
+    framework's layout for its weight_dtype (costmodel.framework)."""
+    return job.fw.state_bytes(job.weight_dtype)
 
 
 def routed_buffer_factor(m: ModelSpec, job: Job, plan: Plan) -> float:
@@ -49,7 +37,7 @@ def routed_buffer_factor(m: ModelSpec, job: Job, plan: Plan) -> float:
     experts' inputs and outputs, for the worst case: min(ep, experts / top_k) times the balanced rows
     (maxtext/layers/moe.py, get_ragged_buffer_size; seen as bf16[32768, 14336] operands on Mixtral, 4096 tokens
     per chip, top-2, ep 4)."""
-    if job.framework == "maxtext" and plan.ep > 1 and m.is_moe and m.capacity_factor == 0:
+    if job.fw.dropless_worst_case and plan.ep > 1 and m.is_moe and m.capacity_factor == 0:
         return min(plan.ep, m.n_experts / m.experts_per_token)
     return 1.0
 
@@ -169,12 +157,6 @@ def head_table_bytes(logit_elems: float, table_elems: float, gathered: bool) -> 
     return BF16 * table_elems + BF16 * max(0.0, table_elems - logit_elems)
 
 
-def schedules_to_hbm(job: Job) -> bool:
-    """XLA compiles the whole step ahead of time against the chip's HBM (MaxText); PyTorch stacks allocate as
-    they run."""
-    return job.framework == "maxtext"
-
-
 def fit_floor_bytes(breakdown: dict[str, float], loop_tp: float = 0.0, head: float = 0.0) -> float:
     """The HBM a step compiled by XLA needs to fit: model state, the saved checkpoints, the scanned loop's
     tensor-parallel buffer (loop_tp, xla_loop_tp_bytes; counted beside both phases, the safe side), and the
@@ -197,16 +179,10 @@ def fit_floor_bytes(breakdown: dict[str, float], loop_tp: float = 0.0, head: flo
     return state + b["activations"] + loop_tp + max(b["logits"] + head, loop_phase)
 
 
-def maxtext_pipeline(job: Job, plan: Plan) -> bool:
-    """A MaxText pipeline (maxtext/layers/pipeline.py): every stage runs the same program, M * vpp + pp - 1
-    iterations, with the embedding and the logits outside it."""
-    return plan.pp > 1 and job.framework == "maxtext"
-
-
 def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> float:
     """Micro-batches' worth of checkpoints a pipeline stage keeps per layer of the busiest stage (1 without pp).
     n_layers: the model's, for an uneven split (costmodel.plan.pipeline_split)."""
-    if maxtext_pipeline(job, plan):
+    if job.fw.spmd_pipeline(plan.pp):
         # one scan over M * vpp + pp - 1 iterations of L / (pp * vpp) layers, differentiated as a whole: every
         # iteration's checkpoints are kept (the bubble's too)
         return accum + (plan.pp - 1) / plan.vpp
@@ -227,9 +203,10 @@ def weight_shard_degrees(job: Job, plan: Plan, experts: bool = False) -> dict[st
     over the expert axis by expert (`exp`), so that axis does not shard them again (Megatron replicates the
     non-expert weights over ep)."""
     out = {"fsdp": plan.fsdp}
-    if job.framework == "maxtext" and plan.cp > 1:
+    axes = job.fw.weight_shard_axes
+    if "cp" in axes and plan.cp > 1:
         out["cp"] = plan.cp
-    if job.framework == "maxtext" and plan.ep > 1 and not experts:
+    if "ep" in axes and plan.ep > 1 and not experts:
         out["ep"] = plan.ep
     if plan.zero == 3:
         out["dp"] = plan.dp
@@ -287,8 +264,9 @@ def expert_params_per_chip(m: ModelSpec, plan: Plan) -> float:
     return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (layer_stages(m, plan) * plan.tp)
 
 
-def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron") -> tuple[float, float, float]:
-    """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share)."""
+def param_counts_per_chip(m: ModelSpec, plan: Plan, tables_every_stage: bool = False) -> tuple[float, float, float]:
+    """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share);
+    tables_every_stage: an SPMD pipeline (Framework.pipeline) keeps both embedding tables on every stage."""
     tp, pp, ep = plan.tp, layer_stages(m, plan), plan.ep
     kinds = busiest_kinds(m, plan)
     layers, dense, moe = ((m.n_layers, m.n_dense_mlp_layers, m.n_moe_layers) if kinds is None
@@ -303,7 +281,7 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, framework: str = "megatron")
     # Embedding (vocab-sharded by tp): both tables on one stage without pipelining; with it, one per end stage
     # (Megatron), or both on every stage (MaxText embeds and computes the logits outside its pipeline module;
     # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).
-    emb = (m.embedding_params() if plan.pp == 1 or framework == "maxtext" else m.vocab_size * m.d_model) / tp
+    emb = (m.embedding_params() if plan.pp == 1 or tables_every_stage else m.vocab_size * m.d_model) / tp
     return body, body / (m.n_layers / pp if kinds is None else layers), emb
 
 
@@ -313,7 +291,7 @@ def busiest_stage_activations(job: Job, plan: Plan, act_saved: float, inflight: 
     pipeline every stage runs the same program, with the logits' batch split over the stages too
     (activation_embed_and_logits_batch: data, stage, fsdp: M / pp micro-batches of logits per chip); under 1F1B
     the first stage (the most micro-batches in flight) or the last (one in flight, and the logits)."""
-    if maxtext_pipeline(job, plan):
+    if job.fw.spmd_pipeline(plan.pp):
         return act_saved, logits * accum / plan.pp
     if plan.pp == 1:
         return act_saved, logits
@@ -336,7 +314,7 @@ def layer_activation_bytes(m: ModelSpec, job: Job, plan: Plan, tokens: float, ki
         el = tensor_elems_per_token(m, plan, moe, buf)
         extra = extra_saved_elems_per_token(m, plan, moe, buf)
         dev = sum(el[t] for t in TENSORS if choices[t] == "device")
-        if job.framework == "maxtext" and plan.remat.count("remat") > 0 and choices["mlp_out"] == "device":
+        if job.fw.jax_remat and plan.remat.count("remat") > 0 and choices["mlp_out"] == "device":
             # The MLP output matmul's result is not needed by the backward pass (the residual add's gradient
             # takes no values), so XLA drops the checkpoint (not in the TPU compiler's buffer assignment).
             dev -= el["mlp_out"]
@@ -361,13 +339,14 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     loop's buffers, one layer's working set, logits, collective buffers), under the job's framework convention;
     with the fit check's figure (fit_floor_bytes under XLA), host memory and the per-layer quantities the
     collectives and the planner's surrogate read."""
+    fw = job.fw
     w_b, g_b, o_b, adam_b = state_convention(job)
     # MaxText differentiates the bf16 compute copy of the weights: XLA reduces that bf16 gradient and converts it
     # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).
-    reduce_b = BF16 if job.framework == "maxtext" else g_b
+    reduce_b = BF16 if fw.bf16_grad_reduce else g_b
     weight_shards = math.prod(weight_shard_degrees(job, plan).values())
     expert_shards = math.prod(weight_shard_degrees(job, plan, experts=True).values())
-    body, layer_w, emb = param_counts_per_chip(m, plan, job.framework)
+    body, layer_w, emb = param_counts_per_chip(m, plan, fw.pipeline == SPMD)
     experts = expert_params_per_chip(m, plan)
     params = (body - experts + emb) / weight_shards + experts / expert_shards
     kinds = busiest_kinds(m, plan)
@@ -380,9 +359,9 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     weights = 0.0 if plan.offload_params else params * w_b
     # bf16 copy of the weights for compute: streamed in when offloaded; under MaxText's fp32 weight_dtype the
     # step casts the whole (sharded) parameter tree to bf16 once and keeps it (seen in XLA's temp allocation).
-    weights_working = params * BF16 if (plan.offload_params or (job.framework == "maxtext" and w_b > BF16)) else 0.0
+    weights_working = params * BF16 if (plan.offload_params or (fw.bf16_weight_copy and w_b > BF16)) else 0.0
     accum_buf = 0.0
-    if accum > 1 and job.framework == "maxtext" and plan.pp == 1:
+    if accum > 1 and fw.accum_carry and plan.pp == 1:
         # (with pp the accumulation is the pipeline's micro-batches: gradient_accumulation_steps = 1)
         # MaxText's gradient accumulation (utils/gradient_accumulation.py) runs a lax.scan whose carry holds an
         # fp32 gradient accumulator and a copy of the parameters (bf16 when the optimizer is sharded over data,
@@ -399,7 +378,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     act_saved = saved * layers_stage * inflight
     loop_buffers, loop_tp, layer_grads = 0.0, 0.0, 0.0
     # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)
-    if job.framework == "maxtext" and job.scan_layers and plan.pp == 1:
+    if fw.scanned_layers and job.scan_layers and plan.pp == 1:
         layer_grads = grad_params * 4 * body / (body + emb)
         if plan.remat.count("remat") > 0:
             only_input = plan.remat.count("device") == 1 and plan.remat.choices()["layer_input"] == "device"
@@ -410,12 +389,12 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # the fp32 log-softmax into its consumers: bf16 logits and their bf16 gradient (4 B; matches the TPU compile).
     # llm-foundry (pytorch-fsdp) defaults to loss_fn fused_crossentropy, flash-attn's xentropy kernel: it keeps
     # the bf16 logits and an fp32 log-sum-exp per row, and writes a new bf16 gradient (4 B).
-    logit_bytes = 4 if job.framework in ("maxtext", "pytorch-fsdp") else 6
+    logit_bytes = fw.logit_bytes
     # Vocab tiling (MaxText num_vocab_tiling) computes logits, loss and their gradient one token chunk at a time.
     logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
     head_extra = head_table_bytes(tokens * m.vocab_size / plan.tp / plan.vocab_tiles,
                                   m.vocab_size * m.d_model / plan.tp, weight_shards > 1)
-    if maxtext_pipeline(job, plan):
+    if fw.spmd_pipeline(plan.pp):
         coll = maxtext_stage_buffers(layer_w * layers_stage, grad_params * body / (body + emb), weight_shards,
                                      plan.dp > 1 and plan.zero < 3, plan.vpp)
     else:
@@ -439,8 +418,7 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> 
     # total is never below the fit floor; the sum of terms can be when the loss phase's gathered output table
     # (head_table_bytes, counted by the floor only) outweighs the layer loop's working set (a huge vocabulary
     # over a tiny width).
-    fit = fit_floor_bytes(breakdown, loop_tp, head_extra if logits_counted else 0.0) if schedules_to_hbm(job) \
-        else total
+    fit = fit_floor_bytes(breakdown, loop_tp, head_extra if logits_counted else 0.0) if fw.compiled_step else total
     host = offl * layers_stage * inflight
     if plan.offload_optimizer:
         host += opt_params * o_b

@@ -35,7 +35,7 @@ from costmodel.constraints import check_plan
 from costmodel.estimate import dcn_split
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import AXES, REMAT_POLICIES, UNEVEN_PP_FRAMEWORKS, Plan, Remat, pipeline_split, remat_policy
+from costmodel.plan import AXES, REMAT_POLICIES, Plan, Remat, pipeline_split, remat_policy
 from hardware.chip import Chip
 from hardware.errors import InputError, did_you_mean, excerpt
 from hardware.topology import valid_slice_sizes
@@ -278,7 +278,7 @@ def splits(m: ModelSpec, job: Job, pp: int, vpp: int) -> bool:
     """Whether the layers go onto pp stages of vpp chunks: evenly, or unevenly where the framework can."""
     if m.n_layers % (pp * vpp) == 0:
         return True
-    return job.framework in UNEVEN_PP_FRAMEWORKS and pipeline_split(m.n_layers, pp, vpp) is not None
+    return job.fw.uneven_pp and pipeline_split(m.n_layers, pp, vpp) is not None
 
 
 def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> dict[str, list[int]]:

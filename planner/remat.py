@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from costmodel.cost import Cost, Role
 from costmodel.estimate import estimate, stage_times
 from costmodel.job import Job
-from costmodel.memory import maxtext_pipeline, memory_terms, pipeline_inflight, schedules_to_hbm
+from costmodel.memory import memory_terms, pipeline_inflight
 from costmodel.model import ModelSpec
 from costmodel.plan import CHOICES, REMAT_POLICIES, TENSORS, Remat
 from hardware.chip import Chip
@@ -410,10 +410,10 @@ class _Prober:
         self.m, self.chip, self.job, self.mesh = m, chip, job, mesh
         self.ev: dict[Choice, Cost] = dict([low]) if low is not None else {}
         self.calls = 0
-        self.xla_floor = schedules_to_hbm(job)
+        self.xla_floor = job.fw.compiled_step
         # Time that appears once anything is recomputed: the sequence-parallel re-gather and, under MaxText (a JAX
         # remat policy recomputes the routed tokens), the second dispatch and combine of the ep all-to-alls.
-        self.once_comm = [Role.SP_REGATHER] + ([Role.EXPERT_EXCHANGE] if job.framework == "maxtext" else [])
+        self.once_comm = [Role.SP_REGATHER] + ([Role.EXPERT_EXCHANGE] if job.fw.jax_remat else [])
         self.c0 = base if base is not None else self.run(_choice(NONE))
         self.ev.setdefault(_choice(NONE), self.c0)
 
@@ -532,7 +532,7 @@ def _activation_terms(s: Surrogate, pr: _Prober, c_min: Cost, remat_probes: dict
     # logits: the probe with the least activations has the last stage's logits counted (or pp = 1).
     s.logits = c_min.memory.get("logits", 0.0)
     s.inflight = pipeline_inflight(job, mesh.plan(), c0.grad_accum, pr.m.n_layers)
-    s.same_stages = maxtext_pipeline(job, mesh.plan())
+    s.same_stages = job.fw.spmd_pipeline(mesh.pp)
 
     def ks(c: Cost) -> float:
         if mesh.pp == 1:

@@ -1,0 +1,127 @@
+"""Training frameworks as data: one frozen `Framework` record per training stack, resolved once from the Job
+(`Job.fw`). The cost model, the memory model, the plan rules and the planner's solver read its fields; nothing
+else compares framework names. Adding a framework is one record in REGISTRY plus its tests (tests/test_framework.py).
+
+Each field states its rule and source in a line; the measurements behind the MaxText fields (compiled steps, the
+validator's HLO) are in docs/memory.md and docs/costmodel.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from hardware.errors import InputError
+
+SPMD, ONE_F_ONE_B = "spmd", "1f1b"  # pipeline kinds (Framework.pipeline)
+
+
+class StateBytes(NamedTuple):
+    """Model state per parameter: stored weight and gradient bytes, optimizer state bytes, and the HBM bytes the
+    Adam update reads and writes."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    adam_update: int
+
+
+# fp32 weights and moments: the update reads p, g, m, v and writes p, m, v (7 x 4 B).
+FP32_STATE = StateBytes(4, 4, 8, 28)
+# bf16 weights with fp32 main gradients, master weights and moments (Megatron's layout): the update reads g,
+# master, m, v and writes master, m, v (fp32) and the bf16 weight copy (7 x 4 + 2 B).
+MIXED_STATE = StateBytes(2, 4, 12, 30)
+# MaxText weight_dtype=bfloat16: bf16 weights and mu/nu (optax keeps moments in the param dtype), fp32 gradients
+# (grad_dtype default); the update reads p, m, v (2 B) and g (4 B), writes p, m, v: 16 B.
+BF16_STATE = StateBytes(2, 4, 4, 16)
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What a training stack decides about one step (the module docstring says how it is used)."""
+
+    name: str  # as given to --framework
+    display: str  # as named in messages
+    # ---- model state
+    state: StateBytes  # weight_dtype float32 (the framework's own layout)
+    bf16_state: StateBytes | None = None  # weight_dtype bfloat16, where the framework has that setting
+    bf16_grad_reduce: bool = False  # gradients reduced in bf16: the step differentiates the bf16 compute copy
+    # (MaxText: the TPU compile's reduce-scatters carry 2 B per parameter), else in the stored gradient dtype
+    logit_bytes: int = 6  # per logit: bf16 logits + their fp32 upcast reused by the gradient (Megatron's
+    # vocab-parallel cross-entropy); 4 where the loss is fused (XLA; flash-attn's xentropy in llm-foundry)
+    # ---- how the step is compiled and allocated (XLA: MaxText)
+    compiled_step: bool = False  # compiled ahead of time against the HBM: the fit check reads the fit floor
+    bf16_weight_copy: bool = False  # fp32 weights cast to bf16 once per step and the copy kept
+    accum_carry: bool = False  # gradient accumulation as a scan carrying an fp32 accumulator and a parameter copy
+    scanned_layers: bool = False  # Job.scan_layers applies: the layers run under one scan with loop buffers
+    # ---- remat semantics
+    jax_remat: bool = False  # a JAX remat policy: once anything is recomputed, the norm outputs (and so the
+    # sequence-parallel re-gather), MLA's down-projections and the routed tokens are too; an MLP output kept on
+    # device is dropped (nothing needs it); else PyTorch checkpointing: what the policy names
+    reruns_mlp_out: bool = False  # full recompute reruns the MLP output matmul and its tp all-reduce (Megatron)
+    # ---- mixture of experts
+    dropless_worst_case: bool = False  # dropless routing sizes expert buffers for the worst case under ep
+    dispatch_sp_shards: bool = True  # the all-to-all sends the sequence-parallel shards (1/tp of the tokens)
+    # ---- weight sharding
+    weight_shard_axes: tuple[str, ...] = ("fsdp",)  # axes that shard the weights like FSDP (dp too under ZeRO-3;
+    # ep never shards the experts, which it splits by expert)
+    flat_weight_collectives: bool = False  # ZeRO-3 gathers as flat collectives over the data group
+    sharded_embedding_lookup: bool = False  # the lookup runs on the d-sharded table: rows all-to-all'd
+    # ---- pipeline
+    pipeline: str = ONE_F_ONE_B  # SPMD: every stage runs one program of M * vpp + pp - 1 iterations, embedding
+    # and logits outside it; 1F1B: each stage its own schedule, the tables on the end stages
+    uneven_pp: bool = False  # the layers may split unevenly over the stages (costmodel.plan.pipeline_split)
+    interleaved_pp: bool = True  # virtual stages (vpp > 1)
+    microbatches_per_stage: bool = False  # the pipeline's micro-batch count must be a multiple of pp
+    # ---- plans it can run
+    zero_with_fsdp: bool = True  # optimizer state sharded over dp (ZeRO-1/2) together with fsdp > 1
+    vocab_tiling: bool = False  # logits and loss in token chunks (vocab_tiles > 1)
+    cp_chunks: int = 1  # seq_len must divide into cp_chunks * cp chunks (load-balanced causal cp: 2)
+    optimizer_offload_needs_zero: bool = False  # optimizer CPU offload only with the distributed optimizer
+
+    def state_bytes(self, weight_dtype: str) -> StateBytes:
+        """The state layout for the job's weight_dtype."""
+        if weight_dtype == "bfloat16":
+            if self.bf16_state is None:
+                raise InputError(f"weight_dtype bfloat16 is a {'/'.join(bf16_names())} setting; framework "
+                                 f"{self.name!r} has its own state layout (expected --framework {bf16_names()[0]})")
+            return self.bf16_state
+        return self.state
+
+    def spmd_pipeline(self, pp: int) -> bool:
+        """A pipeline whose stages all run the same program (SPMD) is in use."""
+        return pp > 1 and self.pipeline == SPMD
+
+
+MAXTEXT = Framework(
+    # JAX/XLA (maxtext/layers/pipeline.py, configs/base.yml logical_axis_rules: `embed` lists context and expert)
+    "maxtext", "MaxText", FP32_STATE, bf16_state=BF16_STATE, bf16_grad_reduce=True, logit_bytes=4,
+    compiled_step=True, bf16_weight_copy=True, accum_carry=True, scanned_layers=True, jax_remat=True,
+    dropless_worst_case=True, dispatch_sp_shards=False, weight_shard_axes=("fsdp", "cp", "ep"),
+    sharded_embedding_lookup=True, pipeline=SPMD, microbatches_per_stage=True, zero_with_fsdp=False,
+    vocab_tiling=True)
+MEGATRON = Framework(
+    # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
+    "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
+    optimizer_offload_needs_zero=True)
+PYTORCH_FSDP = Framework(
+    # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
+    "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)
+DEEPSPEED = Framework(
+    # Megatron's state layout; ZeRO-3 gathers flat over the data group (one NIC per rank, as DeepSpeed 2021 did);
+    # PipelineModule partitions by parameters (uneven), TrainSchedule is plain 1F1B (no interleaving)
+    "deepspeed", "DeepSpeed", MIXED_STATE, flat_weight_collectives=True, uneven_pp=True, interleaved_pp=False)
+
+REGISTRY: dict[str, Framework] = {f.name: f for f in (MAXTEXT, MEGATRON, PYTORCH_FSDP, DEEPSPEED)}
+
+
+def bf16_names() -> list[str]:
+    """The frameworks with a bfloat16 weight_dtype setting."""
+    return [f.name for f in REGISTRY.values() if f.bf16_state is not None]
+
+
+def framework(name: str) -> Framework:
+    """The record of a framework by name; InputError naming the known ones otherwise."""
+    if name not in REGISTRY:
+        raise InputError(f"framework must be one of {', '.join(REGISTRY)}, got {name!r}")
+    return REGISTRY[name]
