@@ -1,13 +1,10 @@
 """Memory per chip: model state under the plan's sharding, activations under the remat choices, buffers.
 
-State conventions (say which one a number uses):
-  maxtext:  fp32 weights (4 B), fp32 gradients (4 B, plus an fp32 accumulator when accumulating), fp32 Adam
-            moments (8 B); compute in bf16.
-  megatron: bf16 weights (2 B), fp32 main gradients (4 B), fp32 master weights + Adam moments in the
-            optimizer (12 B; Megatron's distributed optimizer shards these over dp: ZeRO-1).
-Activations per layer and token are counted per saved tensor (bf16), which for the 'none' policy and GPT
-shapes reproduces Korthikanti et al. 2022's 34*s*b*h bytes per layer (without the 5*a*s/h attention term,
-which flash attention does not store).
+Model state follows the job's framework (costmodel.framework: Framework.state, bytes per parameter; Cost.convention
+says which layout a number uses). Activations per layer and token are counted per saved tensor (bf16), which for
+the 'none' policy and GPT shapes reproduces Korthikanti et al. 2022's 34*s*b*h bytes per layer (without the
+5*a*s/h attention term, which flash attention does not store). The compiled steps the XLA (MaxText) terms were
+read off, and how close they come: docs/memory.md.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from costmodel.plan import TENSORS, Plan, busiest_stage_layers, stage_layer_coun
 from hardware.chip import Chip
 
 BF16 = 2
-
 
 
 def state_convention(job: Job) -> StateBytes:
@@ -70,8 +66,8 @@ def extra_saved_elems_per_token(m: ModelSpec, plan: Plan, moe: bool, buffer: flo
     layer also the dispatched copies of the tokens (the experts' input, for their weight gradients) and the
     experts' outputs before the weighted combine (for the gate gradient): k x capacity rows of d each, not split
     over tp (the routed tokens are replicated over tp); buffer: routed_buffer_factor. Shared experts have neither:
-    they read the norm output and their output is added ungated (their MLP intermediates are in mlp_act_elems).
-    Counting them had over-predicted the validator's DeepSeek-layout CPU compiles with remat none by 13 %."""
+    they read the norm output and their output is added ungated (their MLP intermediates are in mlp_act_elems;
+    docs/memory.md, "Shared experts")."""
     sp = plan.tp if plan.sequence_parallel else 1
     routed = 2 * m.experts_per_token * (m.effective_capacity_factor + buffer - 1) * m.d_model if moe else 0.0
     return 2 * m.d_model / sp + mlp_act_elems(m, plan, moe, buffer) + routed + m.mla_latent_elems()
@@ -81,16 +77,12 @@ def xla_loop_extra_bytes(stack_bytes: float, layer_grad_bytes: float, only_layer
     """Bytes XLA:TPU keeps beside the scanned layer checkpoints of MaxText's step (stack_bytes: the checkpoints
     of all layers; layer_grad_bytes: the fp32 gradients of all layers' weights on this chip).
 
-    Read off MaxText 0.2.5's compiled step (libtpu 0.0.46.3) by sweeping the layer count of each configuration
-    (benchmarks/maxtext_memory/NOTES.md, "Per-layer slopes"): the backward layer loop needs one more buffer
-    beside its inputs and outputs. With only the layer input saved (full remat) it was a second copy of the
-    checkpoint stack; with more tensors saved, the smaller of the checkpoint stack and the fp32 weight-gradient
-    stack (XLA copies whichever is cheaper). With tensor parallelism one more such buffer, again the smaller of
-    the two: on 7B tp2 (batch 8 x 4096) it was the fp32 gradient stack; on llama3-8b and llama2-70b tp2 with one
-    sequence per replica (the validator's TPU plans, 2026-12-01) the checkpoint stack, far smaller (counting the
-    gradient stack there over-predicted by 20 % and 16 %). Over ten tp compiles XLA kept this buffer on five and
-    not on the others (not decided by tokens per replica alone); it is counted always (over-predicting those by
-    up to 11 %). The fit check reads fit_floor_bytes, which keeps only the tp buffer (xla_loop_tp_bytes)."""
+    The backward layer loop needs one more buffer beside its inputs and outputs: with only the layer input saved
+    (full remat) a second copy of the checkpoint stack; with more tensors saved, the smaller of the checkpoint
+    stack and the fp32 weight-gradient stack (XLA copies whichever is cheaper); with tensor parallelism one more
+    such buffer, again the smaller of the two (counted always). Read off MaxText's compiled steps by sweeping the
+    layer count (docs/memory.md, "The scanned layer loop"). The fit check reads fit_floor_bytes, which keeps only
+    the tp buffer (xla_loop_tp_bytes)."""
     extra = stack_bytes if only_layer_input else min(stack_bytes, layer_grad_bytes)
     return extra + xla_loop_tp_bytes(stack_bytes, layer_grad_bytes, tp)
 
@@ -108,13 +100,10 @@ def maxtext_stage_buffers(stage_params: float, stage_grad_elems: float, weight_s
     chip before weight sharding; stage_grad_elems: their gradient elements this chip stores).
 
     MaxText runs a stage's layers unscanned in every pipeline iteration and differentiates the iteration loop as
-    a whole; read off its compiled step (benchmarks/maxtext_memory/NOTES.md, "Pipeline parallelism"; llama2-7b on
-    v5p-16, pp 2, 16 and 32 layers): the whole stage's bf16 gradients stay live through the loop; under weight
-    sharding, its gathered bf16 weights too (the fsdp gathers sit inside the loop bodies; fsdp 4: 6.1 B per
-    stage parameter per chip in all, as counted); and when the gradient is reduced over dp, the loop carries an
-    unreduced fp32 accumulator beside the reduced gradient (dp 4, no fsdp: 12.9 B per stage parameter in all). A
-    circular pipeline (vpp repeats) runs one chunk of L / (pp * vpp) layers per iteration: that chunk's weights
-    are gathered, all chunks' gradients stay live (2 repeats: -1.6 %, where gathering the whole stage gave +9.8 %)."""
+    a whole: the whole stage's bf16 gradients stay live through the loop; under weight sharding the gathered
+    bf16 weights of one iteration's chunk (L / (pp * vpp) layers); and when the gradient is reduced over dp, an
+    unreduced fp32 accumulator beside the reduced gradient. Read off its compiled step (docs/memory.md,
+    "Pipeline parallelism")."""
     out = BF16 * stage_params  # bf16 gradients of the whole stage
     if weight_shards > 1:
         out += BF16 * stage_params / vpp  # gathered bf16 weights of one iteration's chunk of layers
@@ -165,14 +154,10 @@ def fit_floor_bytes(breakdown: dict[str, float], loop_tp: float = 0.0, head: flo
     unreduced gradients); not the layer loop's copy of the checkpoint stack.
 
     `peak_bytes` is the total XLA's memory_analysis() reports (argument + output - alias + temp, what MaxText
-    prints). XLA's capacity check is not on that total but on its buffer assignment's peak
-    (peak_memory_in_bytes), 4-26 % lower: the logits die before the backward layer loop starts, so the two
-    phases never overlap, and the loop's copy of the checkpoint (or gradient) stack is not in the peak. Read off
-    MaxText 0.2.5's compiles (benchmarks/maxtext_memory_compare.py, "fit verdict"): at most 0.1 % below XLA's
-    peak on the 58 compiles without host offload (-0.1 to +25 %, mean +8.3 %); 60 of the 62 configurations XLA
-    accepted fit it, and 10 of the 11 it refused do not. The one wrong "fits" sits at 96.7 % of the HBM, hence
-    Cost.near_limit; the compiles at that boundary and the trace of that one: benchmarks/maxtext_memory/NOTES.md.
-    47 of 51 published TPU runs fit it (21 by the total and a 5 % reserve)."""
+    prints). XLA's capacity check is on its buffer assignment's peak (peak_memory_in_bytes) instead: the logits
+    die before the backward layer loop starts, so the two phases never overlap, and the loop's copy of the
+    checkpoint (or gradient) stack is not in the peak. How this floor sorts the compiles XLA accepted from those
+    it refused, and the near-limit case behind Cost.near_limit: docs/memory.md, "The fit floor"."""
     b = breakdown
     state = b["weights"] + b["gradients"] + b["optimizer"]
     loop_phase = b["activation_working"] + b["collective_buffers"]
@@ -326,9 +311,8 @@ def layer_activation_bytes(m: ModelSpec, job: Job, plan: Plan, tokens: float, ki
         offl += frac * sum(el[t] for t in TENSORS if choices[t] == "offload") * tokens * BF16
         # MaxText's ragged (dropless, ep) experts run as grouped matmuls whose backward holds the gradients of the
         # experts' intermediates (the two input projections and the activation) beside them, at the buffer's
-        # worst-case size: five bf16[32768, 14336] operands in the Mixtral ep 4 buffer assignment; read off the
-        # ep 2, 4 and 8 compiles (benchmarks/maxtext_memory/NOTES.md, "Expert parallelism": -6.5/-12.0/-11.2 %
-        # without this term, -2.6/-4.7/-3.8 % with it). Not counted for capacity-based routing (buffer 1).
+        # worst-case size: five bf16[32768, 14336] operands in the Mixtral ep 4 buffer assignment (docs/memory.md,
+        # "Expert parallelism"). Not counted for capacity-based routing (buffer 1).
         grouped = el["mlp_in"] + mlp_act_elems(m, plan, moe, buf) if buf > 1 else 0.0
         working = max(working, (sum(el.values()) + extra + grouped) * tokens * BF16)
     return saved, offl, working

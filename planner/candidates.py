@@ -1,24 +1,12 @@
 """Mesh candidates: every way to lay a job on `chips` chips that the divisibility and topology rules allow.
 
 A `Mesh` fixes everything about a plan except the per-tensor remat/offload choices and the optimizer/parameter
-offload (those are the CP-SAT program's decisions, planner/remat.py). Rules, all checked here and nowhere else:
-
-  * degrees dp * fsdp * tp * cp * pp * ep = chips;
-  * tp divides n_heads, and tp and n_kv_heads divide one another (costmodel.constraints.check_plan);
-  * pp * vpp divides n_layers, or under Megatron-LM / DeepSpeed the layers split unevenly
-    (costmodel.plan.pipeline_split: fewer on the end stages); vpp in {2, 4, 8, ...} only with pp > 1 and
-    grad_accum a multiple of pp (the interleaved 1F1B schedule runs micro-batches in groups of pp);
-  * cp divides seq_len and leaves at least MIN_TOKENS_PER_CP_RANK tokens on each rank;
-  * ep divides n_experts (MoE models only; dense models have ep = 1);
-  * the global batch is split dp * fsdp * ep ways, then into micro-batches of `micro_batch` sequences:
-    micro_batch divides global_batch / (dp * fsdp * ep); grad_accum is what is left;
-  * topology: tp and cp stay inside the fastest level. GPUs: tp * cp divides the NVLink domain (8 per node).
-    TPUs: only dp, pp and fsdp may span slices (costmodel.estimate.dcn_split must succeed), so tp, cp and ep
-    lie inside a slice's ICI torus;
-  * zero in {0, 1} when dp > 1 (ZeRO-1 shards the optimizer over dp; the fsdp axis is always ZeRO-3);
-    sequence parallelism is always on;
-  * and whatever else costmodel.constraints.check_plan refuses (framework rules such as MaxText's zero 1 only
-    without fsdp, or Megatron's seq_len divisible by 2*cp), checked on every candidate.
+offload (those are the CP-SAT program's decisions, planner/remat.py). The rules, all checked here: the degrees
+multiply to the chips; tp, cp, ep and pp * vpp divide what they split (unevenly where the framework can:
+Framework.uneven_pp); cp leaves at least MIN_TOKENS_PER_CP_RANK tokens per rank; the batch splits dp * fsdp * ep
+ways into micro-batches; tp and cp stay inside the fastest level (GPUs: the NVLink domain; TPUs: only dp, pp and
+fsdp span slices); zero in {0, 1}; sequence parallelism on; and whatever else costmodel.constraints.check_plan
+refuses (the framework's own rules). The list in full: docs/costmodel.md, "Mesh candidates".
 
 Chip counts: a GPU job is one partial node (1..8 GPUs) or whole nodes. A TPU job is `slices` identical slices
 of a valid slice size (hardware.topology.valid_slice_sizes); a multi-slice job uses slices made of whole hosts.

@@ -1,48 +1,14 @@
 """The inner problem: for one mesh, choose each tensor's fate (device / remat / offload) and whether the optimizer
 state and the master parameters live on the host, minimising step time subject to HBM and host memory.
 
-How (identical layers share one decision, so there are only 6 tensors + 2 switches):
-
-1. Probe the cost model (costmodel.estimate) at 15 plans: nothing recomputed ('none'), each recomputable tensor
-   alone set to remat, each tensor alone offloaded, optimizer offload, parameter offload, and 'full' (MoE: 16,
-   the MLP input and output recomputed together).
-2. Read the coefficients of a surrogate off those probes. The surrogate has the cost model's structure:
-     time = L0 + sum_t lam_t*R_t + eps*A + kappa*(1-NR) + mu*Y + k_o*o + k_p*p   (linear part; kappa:
-                                                                              what any remat adds, e.g. MaxText's
-                                                                              sequence-parallel re-gather; Y =
-                                                                              R_mlp_in*R_mlp_out: a MoE layer's
-                                                                              expert output reruns only with its
-                                                                              input; rho_mu*Y joins the recompute)
-            + max(0, g0 - overlap * sum_t rho_t*R_t)                         (fsdp gradient reduce-scatter
-                                                                              hidden behind backward + recompute)
-            + sum_{c in c1, c2} max(0, n * (sum_t tau_t*O_t - c))           (activation offload hidden behind
-                                                                              each layer's forward / backward)
-     HBM   = R0 + w_o*o + w_p*p + act(KS),  KS = B + xi*NR + sum_t (b_t if NR else a_t) * D_t
-             act = KS + logits (pp = 1), max(inflight*KS, KS + logits) (pp > 1: first vs last stage);
-             MaxText: the fit floor (costmodel.memory.fit_floor_bytes), act = inflight*KS with the logits
-             phase in R0 (it does not depend on the remat choices), plus under tp the scanned loop's buffer
-             min(KS, G) once something is recomputed (G: the fp32 layer gradients on the chip), exact in CP-SAT
-             through big-M links
-     host  = sum_t eta_t*O_t + h_o*o + h_p*p
-   R/D/O_t: tensor t recomputed / kept / offloaded; A: any tensor whose remat reruns an op (memory-bound ops
-   then take a 4th pass); NR: nothing recomputed (the norm outputs and MLP activation are then saved too, and
-   a kept tensor may cost a different amount: b_t vs a_t, e.g. XLA's companion buffers next to MaxText
-   checkpoints exist only when something is recomputed).
-   The only numbers not read off probes are structural: the ratio of one layer's forward to backward time
-   (stage_times) that fixes the two offload thresholds once one exposed probe gives their scale, and the
-   pipeline's in-flight micro-batch count. (`overlap`, how fast recompute hides the gradient reduce-scatter,
-   is read off the cheapest single-remat probe: exactly, since any other assignment recomputes at least as
-   much.) The surrogate is checked against every probe; if it misses any by more than 1e-9 (relative), the
-   mesh falls back to brute force over every combination (SearchStats.brute_forced says how often; 0 on
-   every benchmark case). Meshes that differ only in the dp/fsdp split and zero share everything but the
-   communication and state terms, so a search probes those from scratch once per group (group_key) and then
-   5-7 calls per mesh, still checked against the probes it makes.
-   Offload switches the framework forbids on a mesh (costmodel.constraints) are fixed off, not probed.
-3. CP-SAT (planner/cpsat.py) minimises the surrogate exactly: the max() terms become auxiliary variables
-   (convex, minimised), A, NR and NR*D_t become exact boolean links, memory is two linear constraints. Times are
-   integers in nanoseconds, memory in bytes.
-4. The chosen plan is re-costed with estimate(); a plan that does not verify is excluded with a no-good cut
-   and CP-SAT is asked again (at most MAX_RESOLVES times); the best verified plan is kept.
+Identical layers share one decision (6 tensors + 2 switches). The cost model is probed at ~15 plans (each
+tensor alone recomputed or offloaded, 'none', 'full', the two offload switches); a surrogate with the cost
+model's structure (linear terms, the weight traffic recompute hides, the offload traffic each layer hides, the
+memory per kept tensor with and without anything recomputed) is read off them and checked against every probe,
+else the mesh is brute-forced. CP-SAT (planner/cpsat.py) minimises the surrogate exactly; its pick is re-costed
+with estimate() and excluded by a no-good cut until one verifies (at most MAX_RESOLVES times). Collectives are
+found by role (costmodel.cost.Role), framework behaviour read off Job.fw (costmodel.framework).
+The surrogate's equations and terms: docs/costmodel.md, "The remat/offload solver".
 
 Ties on step time go to fewer offloads, then fewer tensors kept on device (cheaper memory for equal time).
 """
