@@ -24,14 +24,7 @@ from costmodel.flops import (
     tp_replicated_flops_per_token,
 )
 from costmodel.job import Job
-from costmodel.memory import (
-    MemoryTerms,
-    busiest_kinds,
-    layer_stages,
-    memory_terms,
-    stage_kinds,
-    weight_shard_degrees,
-)
+from costmodel.memory import MemoryTerms, StepShape, memory_terms, step_shape, weight_shard_degrees
 from costmodel.model import ModelSpec
 from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, pipeline_split
 from hardware.chip import Chip
@@ -153,28 +146,30 @@ class StageTimes:
         return self.fwd + self.bwd + self.recompute + self.elementwise
 
 
-def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> StageTimes:
+def stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, s: StepShape | None = None) -> StageTimes:
     """The busiest stage's times: the last stage (its layers and the logits), or under Megatron's uneven split
     (costmodel.plan.pipeline_split) or with a MoE model's leading dense layers (memory.stage_kinds) another stage
-    when its layers outweigh the last stage's logits."""
+    when its layers outweigh the last stage's logits. s: the step's shape when the caller has it."""
+    s = s or step_shape(m, job, plan)
     mixes: dict[tuple[float, float], bool] = {}
-    for dense, moe, logits in stage_kinds(m, plan):  # a mix with the logits costs more than the same without
+    for dense, moe, logits in s.stage_kinds:  # a mix with the logits costs more than the same without
         mixes[(dense, moe)] = mixes.get((dense, moe), False) or logits
     best = None
     for mix, logits in mixes.items():
-        st = _stage_times(m, chip, job, plan, mix, logits)
+        st = _stage_times(m, chip, job, plan, mix, logits, s)
         if best is None or st.per_micro > best.per_micro:
             best = st
     return best
 
 
 def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[float, float],
-                 logits: bool) -> StageTimes:
+                 logits: bool, s: StepShape | None = None) -> StageTimes:
     """Times of a stage holding kinds = (dense-MLP, MoE) layers, with or without the logits."""
+    s = s or step_shape(m, job, plan)
     layers = round(kinds[0] + kinds[1])  # a whole number of layers (kinds may be fractional: the average mix)
     stages = m.n_layers / layers  # pp when the layers split evenly
     peak = chip.effective_peak_flops(job.precision)
-    tokens = plan.micro_batch * job.seq_len / plan.cp
+    tokens = s.tokens
     kinds_by_type = [(False, m.n_dense_mlp_layers), (True, m.n_moe_layers)]
     fwd = bwd = rec = rec_once = elem = attn = flops = rflops = 0.0
     for moe, count in kinds_by_type:
@@ -199,15 +194,10 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
     lg = logits_op(m, tokens, plan.tp)  # on the last stage
     # MaxText computes the logits outside its pipeline with the batch split over the stages: M / pp micro-batches
     # of them on every chip, i.e. 1 / pp per micro-step.
-    t_lg = op_time(lg, chip, peak) / head_stages(job, plan) if logits else 0.0
-    return StageTimes(fwd + t_lg, bwd + 2 * t_lg, rec, elem, attn, fwd / layers, bwd / layers,
-                      flops + (lg.flops if logits else 0.0), rflops, 3 * t_lg, stages, kinds, rec_once)
-
-
-def head_stages(job: Job, plan: Plan) -> int:
-    """Stages that share the logits (embedding and loss) of each micro-batch: all of them under MaxText's
-    pipeline (the batch is split over `stage` outside it), else the last stage alone."""
-    return plan.pp if job.fw.spmd_pipeline(plan.pp) else 1
+    t_lg = op_time(lg, chip, peak) / s.head_stages if logits else 0.0
+    return StageTimes(fwd=fwd + t_lg, bwd=bwd + 2 * t_lg, recompute=rec, elementwise=elem, attention_fwd=attn,
+                      layer_fwd=fwd / layers, layer_bwd=bwd / layers, fwd_flops=flops + (lg.flops if logits else 0.0),
+                      recompute_flops=rflops, head=3 * t_lg, stages=stages, kinds=kinds, recompute_once=rec_once)
 
 
 # ---- communication ------------------------------------------------------------------------------------------
@@ -218,21 +208,18 @@ def _coll(role: Role, axis: str, kind: str, purpose: str, count: float, nbytes: 
                       time_s=count * t_each, exposed_s=exposed, role=role)
 
 
-def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, accum: int) -> float:
+def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, s: StepShape) -> float:
     """Element-wise FLOPs per step on one chip (the busiest stage): layers forward, backward and, when anything
     is recomputed, forward again; the loss on the last stage; Adam over the parameters this chip updates."""
-    tokens = plan.micro_batch * job.seq_len / plan.cp
-    sp = plan.tp if plan.sequence_parallel else 1
     rerun = 1.0 if plan.remat.count("remat") else 0.0
-    kinds = busiest_kinds(m, plan)
     total = 0.0
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count:
-            fwd, bwd = layer_vector_flops(m, tokens, job.seq_len, plan.tp, sp, moe)
-            n = count / layer_stages(m, plan) if kinds is None else kinds[moe]  # on the busiest stage
+            fwd, bwd = layer_vector_flops(m, s.tokens, job.seq_len, plan.tp, s.sp, moe)
+            n = count / s.layer_stages if s.kinds is None else s.kinds[moe]  # on the busiest stage
             total += n * ((1 + rerun) * fwd + bwd)
-    total += loss_vector_flops(m, tokens, plan.tp) / head_stages(job, plan)
-    return accum * total + ADAM_OPS * mem.optimizer_param_elems
+    total += loss_vector_flops(m, s.tokens, plan.tp) / s.head_stages
+    return s.micro_steps * total + ADAM_OPS * mem.optimizer_param_elems
 
 
 def reruns_expert_exchange(job: Job, plan: Plan) -> bool:
@@ -244,24 +231,21 @@ def reruns_expert_exchange(job: Job, plan: Plan) -> bool:
     return plan.remat.count("remat") > 0 if job.fw.jax_remat else plan.remat.mlp_in == "remat"
 
 
-def expert_exchange(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, layer_steps: float,
-                    rerun: bool) -> Collective:
+def expert_exchange(m: ModelSpec, chip: Chip, plan: Plan, link: AxisLink, s: StepShape, rerun: bool) -> Collective:
     """Expert parallel: the MoE layers' token all-to-alls over ep, not hidden: dispatch and combine forward and
     backward, and again when the recompute reruns them (rerun, reruns_expert_exchange); their non-expert
     gradients are reduced with the others (gradient_reductions)."""
     # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
     # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
     # (input_partition_pspec: batch, activation_norm_length -- no tensor axis), so every tp rank sends all.
-    split = plan.tp if (plan.sequence_parallel and job.fw.dispatch_sp_shards) else 1
-    a2a_bytes = plan.micro_batch * job.seq_len / plan.cp * m.experts_per_token * m.d_model * BF16 / split
+    split = plan.tp if (plan.sequence_parallel and s.fw.dispatch_sp_shards) else 1
+    a2a_bytes = s.tokens * m.experts_per_token * m.d_model * BF16 / split
     t = collective_time(link, "all-to-all", a2a_bytes, chip.eff.link, chip.eff.net)
     # Every MoE stage exchanges its tokens, and in a pipeline the slowest stage sets the pace: the stage with the
     # most MoE layers, not the one with the most weights that memory counts (busiest_kinds: with leading dense
     # layers and a wide ep that is the first stage, whose MoE layers are fewest; DeepSeek-V3 at pp 16 had none).
-    kinds = busiest_kinds(m, plan)
-    moe_layers = (m.n_moe_layers / layer_stages(m, plan) if kinds is None
-                  else max(k[1] for k in stage_kinds(m, plan)))
-    count = (4 + 2 * rerun) * moe_layers * layer_steps
+    moe_layers = (m.n_moe_layers / s.layer_stages if s.kinds is None else max(k[1] for k in s.stage_kinds))
+    count = (4 + 2 * rerun) * moe_layers * s.layer_steps
     return _coll(Role.EXPERT_EXCHANGE, "ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, link.level)
 
 
@@ -270,36 +254,8 @@ def expert_exchange_floor_s(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accu
     lower bound for the planner's search (planner.solve), without the rest of an estimate()."""
     if plan.ep == 1 or not m.n_moe_layers:
         return 0.0
-    return expert_exchange(m, chip, job, plan, axis_links(chip, plan)["ep"], layer_passes(job, plan, accum),
+    return expert_exchange(m, chip, plan, axis_links(chip, plan)["ep"], step_shape(m, job, plan, accum),
                            False).exposed_s
-
-
-def layer_passes(job: Job, plan: Plan, accum: int) -> float:
-    """Layer passes per stage in a step, in micro-batches: MaxText's pipeline iterations run every stage through
-    the bubble too (M * vpp + pp - 1 iterations of L / (pp * vpp) layers), each with its layers' collectives."""
-    return accum + ((plan.pp - 1) / plan.vpp if job.fw.spmd_pipeline(plan.pp) else 0)
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What every axis's collectives are counted over: the busiest stage's layers (and, with uneven pipeline
-    stages, its dense and MoE layers: busiest_kinds), one micro-batch's tokens per chip, the micro-steps, the
-    layer passes per stage (layer_passes) and the weight-sharded axes (weight_shard_degrees)."""
-
-    layers: float
-    kinds: tuple[float, float] | None
-    tokens: float
-    micro_steps: int
-    layer_steps: float
-    wdegrees: dict[str, int]
-
-
-def step_shape(m: ModelSpec, job: Job, plan: Plan, accum: int) -> StepShape:
-    """The StepShape of one step of `plan` with `accum` micro-steps."""
-    kinds = busiest_kinds(m, plan)
-    layers = m.n_layers / layer_stages(m, plan) if kinds is None else kinds[0] + kinds[1]  # the busiest stage's
-    return StepShape(layers, kinds, plan.micro_batch * job.seq_len / plan.cp, accum, layer_passes(job, plan, accum),
-                     weight_shard_degrees(job, plan))
 
 
 def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, st: StageTimes,
@@ -477,7 +433,7 @@ def context_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Ax
 def stage_transfers(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink,
                     s: StepShape) -> list[Collective]:
     """Pipeline: activations to the next stage forward and their gradients back, once per model chunk."""
-    p_bytes = s.tokens * m.d_model * BF16 / (plan.tp if plan.sequence_parallel else 1)
+    p_bytes = s.tokens * m.d_model * BF16 / s.sp
     t = collective_time(link, "p2p", p_bytes, chip.eff.link, chip.eff.net)
     out: list[Collective] = []
     if job.fw.spmd_pipeline(plan.pp):
@@ -521,10 +477,9 @@ def host_transfers(chip: Chip, plan: Plan, st: StageTimes, mem: MemoryTerms, s: 
 
 
 def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink], st: StageTimes,
-                  mem: MemoryTerms, accum: int) -> list[Collective]:
+                  mem: MemoryTerms, s: StepShape) -> list[Collective]:
     """Every collective of a step with its exposed time (after overlap with the compute it can hide behind),
     axis by axis: tp, the weight-sharded axes, the gradient reductions, cp, ep, pp, host."""
-    s = step_shape(m, job, plan, accum)
     out: list[Collective] = []
     if plan.tp > 1:
         out += tensor_collectives(m, chip, job, plan, links["tp"], st, s)
@@ -534,7 +489,7 @@ def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[st
     if plan.cp > 1:
         out += context_collectives(m, chip, job, plan, links["cp"], st, s)
     if plan.ep > 1 and m.n_moe_layers:
-        out.append(expert_exchange(m, chip, job, plan, links["ep"], s.layer_steps, reruns_expert_exchange(job, plan)))
+        out.append(expert_exchange(m, chip, plan, links["ep"], s, reruns_expert_exchange(job, plan)))
     if plan.pp > 1:
         out += stage_transfers(m, chip, job, plan, links["pp"], s)
     return out + host_transfers(chip, plan, st, mem, s)
@@ -547,9 +502,10 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     check_plan(m, chip, job, plan, chips)
     links = axis_links(chip, plan)
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)
-    st = stage_times(m, chip, job, plan)
-    mem = memory_terms(m, chip, job, plan, accum)
-    colls = communication(m, chip, job, plan, links, st, mem, accum)
+    s = step_shape(m, job, plan, accum)  # what every term is counted over, once
+    st = stage_times(m, chip, job, plan, s)
+    mem = memory_terms(m, chip, job, plan, accum, s)
+    colls = communication(m, chip, job, plan, links, st, mem, s)
 
     comm_exposed: dict[str, float] = {}
     for c in colls:
@@ -559,7 +515,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     per_micro = st.per_micro
     # 1F1B bubble: (pp-1) micro-steps of fill and drain, shortened by the number of model chunks (vpp); MaxText's
     # bubble iterations run the stage's layers, not the logits (computed outside its pipeline).
-    head = st.head if head_stages(job, plan) > 1 else 0.0
+    head = st.head if s.head_stages > 1 else 0.0
     bubble = (plan.pp - 1) / plan.vpp * (per_micro - head)
     opt_bytes = mem.optimizer_param_elems * mem.adam_bytes_per_param
     optimizer = 0.0 if plan.offload_optimizer else opt_bytes / (chip.hbm_bw_Bps * chip.eff.hbm)
@@ -582,7 +538,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     repeated = 3 * (plan.tp - 1) * job.tokens * (m.n_dense_mlp_layers * tp_replicated_flops_per_token(m, False)
                                                  + m.n_moe_layers * tp_replicated_flops_per_token(m, True))
     hw_flops = model_flops + repeated + accum * st.recompute_flops * st.stages * plan.tp * plan.cp * plan.batch_shards
-    vec_flops = vector_flops_per_chip(m, job, plan, mem, accum) * chips_n
+    vec_flops = vector_flops_per_chip(m, job, plan, mem, s) * chips_n
     usable = chip.usable_hbm_bytes
     return Cost(
         step_time_s=step,

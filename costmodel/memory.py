@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from costmodel.framework import SPMD, StateBytes
+from costmodel.framework import SPMD, Framework, StateBytes
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import TENSORS, Plan, busiest_stage_layers, stage_layer_counts
@@ -226,34 +226,38 @@ def stage_kinds(m: ModelSpec, plan: Plan) -> list[tuple[float, float, bool]]:
     return out
 
 
-def busiest_kinds(m: ModelSpec, plan: Plan) -> tuple[float, float] | None:
+def busiest_kinds(m: ModelSpec, plan: Plan, stages: list | None = None) -> tuple[float, float] | None:
     """(dense, MoE) layers of the stage whose memory the cost model counts: the most weights on a chip (a MoE
     layer's experts outweigh several dense layers), then the most layers; None when every stage has the average
-    mix (then totals / layer_stages give the same counts)."""
+    mix (then totals / layer_stages give the same counts). stages: stage_kinds when the caller has them."""
     if not (m.n_dense_mlp_layers > 0 and m.n_moe_layers > 0 and plan.vpp == 1 and plan.pp > 1):
         return None
     common = m.attn_params() + m.layer_norm_params()
     dense_w = common + m.dense_mlp_params()
     moe_w = common + m.d_model * m.n_experts + (m.n_experts / plan.ep + m.n_shared_experts) * m.expert_params()
-    dense, moe, _ = max(stage_kinds(m, plan), key=lambda k: (k[0] * dense_w + k[1] * moe_w, k[0] + k[1]))
+    dense, moe, _ = max(stages or stage_kinds(m, plan), key=lambda k: (k[0] * dense_w + k[1] * moe_w, k[0] + k[1]))
     return dense, moe
 
 
-def expert_params_per_chip(m: ModelSpec, plan: Plan) -> float:
-    """Routed-expert weights on this chip before fsdp sharding (sharded over ep, tp and pp)."""
+def expert_params_per_chip(m: ModelSpec, plan: Plan, s: StepShape | None = None) -> float:
+    """Routed-expert weights on this chip before fsdp sharding (sharded over ep, tp and pp); s: the step's shape
+    when the caller has it."""
     if not m.is_moe:
         return 0.0
-    kinds = busiest_kinds(m, plan)
+    kinds = busiest_kinds(m, plan) if s is None else s.kinds
     if kinds is not None:
         return kinds[1] * m.n_experts / plan.ep * m.expert_params() / plan.tp
-    return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (layer_stages(m, plan) * plan.tp)
+    stages = layer_stages(m, plan) if s is None else s.layer_stages
+    return m.n_moe_layers * m.n_experts / plan.ep * m.expert_params() / (stages * plan.tp)
 
 
-def param_counts_per_chip(m: ModelSpec, plan: Plan, tables_every_stage: bool = False) -> tuple[float, float, float]:
+def param_counts_per_chip(m: ModelSpec, plan: Plan, tables_every_stage: bool = False,
+                          s: StepShape | None = None) -> tuple[float, float, float]:
     """(stage weights on this chip before fsdp sharding, one average layer of them, embedding share);
-    tables_every_stage: an SPMD pipeline (Framework.pipeline) keeps both embedding tables on every stage."""
-    tp, pp, ep = plan.tp, layer_stages(m, plan), plan.ep
-    kinds = busiest_kinds(m, plan)
+    tables_every_stage: an SPMD pipeline (Framework.pipeline) keeps both embedding tables on every stage; s: the
+    step's shape when the caller has it."""
+    tp, pp, ep = plan.tp, layer_stages(m, plan) if s is None else s.layer_stages, plan.ep
+    kinds = busiest_kinds(m, plan) if s is None else s.kinds
     layers, dense, moe = ((m.n_layers, m.n_dense_mlp_layers, m.n_moe_layers) if kinds is None
                           else (kinds[0] + kinds[1], *kinds))  # the whole model, or the busiest stage's layers
     rep = m.attn_tp_replicated_params()  # MLA's down-projections: not split over tp
@@ -318,101 +322,207 @@ def layer_activation_bytes(m: ModelSpec, job: Job, plan: Plan, tokens: float, ki
     return saved, offl, working
 
 
-def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> MemoryTerms:
-    """Per-chip memory of one step on the busiest stage, by term (model state, saved activations, the scanned
-    loop's buffers, one layer's working set, logits, collective buffers), under the job's framework convention;
-    with the fit check's figure (fit_floor_bytes under XLA), host memory and the per-layer quantities the
-    collectives and the planner's surrogate read."""
-    fw = job.fw
-    w_b, g_b, o_b, adam_b = state_convention(job)
+@dataclass(frozen=True)
+class StepShape:
+    """What the terms of one step are counted over, computed once (step_shape): the framework's record, the
+    micro-steps, one micro-batch's tokens per chip, the sequence-parallel degree, each pipeline stage's (dense,
+    MoE, holds the logits) layers (stage_kinds) and the busiest stage's mix (busiest_kinds; None: every stage has
+    the average mix), layer_stages, the busiest stage's layers, the layer passes per stage (layer_passes), the
+    stages sharing the logits (head_stages), the weight-sharded axes (weight_shard_degrees) and the micro-batches
+    a stage keeps in flight (pipeline_inflight)."""
+
+    fw: Framework
+    micro_steps: int
+    tokens: float
+    sp: int
+    stage_kinds: tuple[tuple[float, float, bool], ...]
+    kinds: tuple[float, float] | None
+    layer_stages: float
+    layers: float
+    layer_steps: float
+    head_stages: int
+    wdegrees: dict[str, int]
+    inflight: float
+
+
+def layer_passes(job: Job, plan: Plan, accum: int) -> float:
+    """Layer passes per stage in a step, in micro-batches: MaxText's pipeline iterations run every stage through
+    the bubble too (M * vpp + pp - 1 iterations of L / (pp * vpp) layers), each with its layers' collectives."""
+    return accum + ((plan.pp - 1) / plan.vpp if job.fw.spmd_pipeline(plan.pp) else 0)
+
+
+def head_stages(job: Job, plan: Plan) -> int:
+    """Stages that share the logits (embedding and loss) of each micro-batch: all of them under MaxText's
+    pipeline (the batch is split over `stage` outside it), else the last stage alone."""
+    return plan.pp if job.fw.spmd_pipeline(plan.pp) else 1
+
+
+def step_shape(m: ModelSpec, job: Job, plan: Plan, accum: int = 1) -> StepShape:
+    """The StepShape of one step of `plan` with `accum` micro-steps (the per-stage fields do not depend on it)."""
+    kinds_all = stage_kinds(m, plan)
+    kinds = busiest_kinds(m, plan, kinds_all)
+    stages = layer_stages(m, plan)
+    return StepShape(
+        fw=job.fw, micro_steps=accum, tokens=plan.micro_batch * job.seq_len / plan.cp,
+        sp=plan.tp if plan.sequence_parallel else 1, stage_kinds=tuple(kinds_all), kinds=kinds, layer_stages=stages,
+        layers=m.n_layers / stages if kinds is None else kinds[0] + kinds[1],  # the busiest stage's
+        layer_steps=layer_passes(job, plan, accum), head_stages=head_stages(job, plan),
+        wdegrees=weight_shard_degrees(job, plan), inflight=pipeline_inflight(job, plan, accum, m.n_layers))
+
+
+@dataclass(frozen=True)
+class StateTerms:
+    """Model state on this chip (state_terms): the layout, the sharding, the parameter counts, and the
+    weights, gradients and optimizer entries of the breakdown."""
+
+    layout: StateBytes
+    reduce_bytes: int  # per gradient element on the wire
+    weight_shards: int
+    expert_shards: int
+    body: float  # stage weights before weight sharding (param_counts_per_chip)
+    layer_w: float  # one average layer of them
+    emb: float  # embedding share
+    experts: float  # routed-expert weights before weight sharding (expert_params_per_chip)
+    params: float  # parameters stored here, after all sharding
+    opt_params: float  # parameters whose optimizer state is held here
+    grad_params: float  # parameters whose gradient is stored here
+    weights: float
+    grads: float
+    optimizer: float
+
+
+def state_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape) -> StateTerms:
+    """Weights (with the bf16 working copy), gradients (with MaxText's accumulation carry) and optimizer state on
+    this chip, under the framework's layout and the plan's sharding."""
+    fw = s.fw
+    layout = state_convention(job)
+    w_b, g_b, o_b, _ = layout
     # MaxText differentiates the bf16 compute copy of the weights: XLA reduces that bf16 gradient and converts it
     # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).
     reduce_b = BF16 if fw.bf16_grad_reduce else g_b
-    weight_shards = math.prod(weight_shard_degrees(job, plan).values())
+    weight_shards = math.prod(s.wdegrees.values())
     expert_shards = math.prod(weight_shard_degrees(job, plan, experts=True).values())
-    body, layer_w, emb = param_counts_per_chip(m, plan, fw.pipeline == SPMD)
-    experts = expert_params_per_chip(m, plan)
+    body, layer_w, emb = param_counts_per_chip(m, plan, fw.pipeline == SPMD, s)
+    experts = expert_params_per_chip(m, plan, s)
     params = (body - experts + emb) / weight_shards + experts / expert_shards
-    kinds = busiest_kinds(m, plan)
-    layers_stage = m.n_layers / layer_stages(m, plan) if kinds is None else kinds[0] + kinds[1]
-    layer_experts = experts / layers_stage  # the routed experts' share of layer_w
     opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)
     grad_params = params / (plan.dp if plan.zero == 2 else 1)
-
-    # ---- model state --------------------------------------------------------------------------------------
     weights = 0.0 if plan.offload_params else params * w_b
     # bf16 copy of the weights for compute: streamed in when offloaded; under MaxText's fp32 weight_dtype the
     # step casts the whole (sharded) parameter tree to bf16 once and keeps it (seen in XLA's temp allocation).
     weights_working = params * BF16 if (plan.offload_params or (fw.bf16_weight_copy and w_b > BF16)) else 0.0
     accum_buf = 0.0
-    if accum > 1 and fw.accum_carry and plan.pp == 1:
+    if s.micro_steps > 1 and fw.accum_carry and plan.pp == 1:
         # (with pp the accumulation is the pipeline's micro-batches: gradient_accumulation_steps = 1)
         # MaxText's gradient accumulation (utils/gradient_accumulation.py) runs a lax.scan whose carry holds an
         # fp32 gradient accumulator and a copy of the parameters (bf16 when the optimizer is sharded over data,
         # else weight_dtype): the argument buffers stay live for the update, so the loop carry is a second copy.
         accum_buf = grad_params * 4 + params * (BF16 if plan.zero == 1 else w_b)
-    grads = grad_params * g_b + accum_buf
-    optimizer = 0.0 if plan.offload_optimizer else opt_params * o_b
+    return StateTerms(
+        layout=layout, reduce_bytes=reduce_b, weight_shards=weight_shards, expert_shards=expert_shards, body=body,
+        layer_w=layer_w, emb=emb, experts=experts, params=params, opt_params=opt_params, grad_params=grad_params,
+        weights=weights + weights_working, grads=grad_params * g_b + accum_buf,
+        optimizer=0.0 if plan.offload_optimizer else opt_params * o_b)
 
-    # ---- activations --------------------------------------------------------------------------------------
-    tokens = plan.micro_batch * job.seq_len / plan.cp
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Activations on this chip (activation_terms): the checkpoints the stage keeps, per layer offloaded bytes,
+    one layer's backward working set, and MaxText's scanned-loop buffers."""
+
+    saved: float  # checkpoints of the busiest stage's layers over the micro-batches in flight
+    offload_per_layer: float  # bytes offloaded per layer per micro-step
+    working: float
+    loop_buffers: float  # xla_loop_extra_bytes
+    loop_tp: float  # xla_loop_tp_bytes
+    layer_grads: float  # the fp32 layer-gradient stack those read (0 without the scanned loop)
+
+
+def activation_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape, st: StateTerms) -> ActivationTerms:
+    """Saved activations under the remat choices, the backward's working set and the scanned loop's buffers."""
     # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
-    saved, offl, act_working = layer_activation_bytes(m, job, plan, tokens, kinds, layers_stage)
-    inflight = pipeline_inflight(job, plan, accum, m.n_layers)
-    act_saved = saved * layers_stage * inflight
+    saved, offl, working = layer_activation_bytes(m, job, plan, s.tokens, s.kinds, s.layers)
+    act_saved = saved * s.layers * s.inflight
     loop_buffers, loop_tp, layer_grads = 0.0, 0.0, 0.0
     # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)
-    if fw.scanned_layers and job.scan_layers and plan.pp == 1:
-        layer_grads = grad_params * 4 * body / (body + emb)
+    if s.fw.scanned_layers and job.scan_layers and plan.pp == 1:
+        layer_grads = st.grad_params * 4 * st.body / (st.body + st.emb)
         if plan.remat.count("remat") > 0:
             only_input = plan.remat.count("device") == 1 and plan.remat.choices()["layer_input"] == "device"
             loop_buffers = xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
             loop_tp = xla_loop_tp_bytes(act_saved, layer_grads, plan.tp)
+    return ActivationTerms(act_saved, offl, working, loop_buffers, loop_tp, layer_grads)
+
+
+def logit_terms(m: ModelSpec, plan: Plan, s: StepShape, st: StateTerms) -> tuple[float, float]:
+    """(the logits and their gradient of one micro-batch on this chip, head_table_bytes beside them)."""
     # Logits and loss (vocab-sharded by tp, on the last stage). Megatron/DeepSpeed: bf16 logits plus their fp32
     # upcast for the vocab-parallel cross-entropy, the gradient reusing the fp32 buffer (6 B). XLA (MaxText) fuses
     # the fp32 log-softmax into its consumers: bf16 logits and their bf16 gradient (4 B; matches the TPU compile).
     # llm-foundry (pytorch-fsdp) defaults to loss_fn fused_crossentropy, flash-attn's xentropy kernel: it keeps
-    # the bf16 logits and an fp32 log-sum-exp per row, and writes a new bf16 gradient (4 B).
-    logit_bytes = fw.logit_bytes
+    # the bf16 logits and an fp32 log-sum-exp per row, and writes a new bf16 gradient (4 B). (Framework.logit_bytes)
     # Vocab tiling (MaxText num_vocab_tiling) computes logits, loss and their gradient one token chunk at a time.
-    logits = tokens * m.vocab_size / plan.tp * logit_bytes / plan.vocab_tiles
-    head_extra = head_table_bytes(tokens * m.vocab_size / plan.tp / plan.vocab_tiles,
-                                  m.vocab_size * m.d_model / plan.tp, weight_shards > 1)
-    if fw.spmd_pipeline(plan.pp):
-        coll = maxtext_stage_buffers(layer_w * layers_stage, grad_params * body / (body + emb), weight_shards,
-                                     plan.dp > 1 and plan.zero < 3, plan.vpp)
-    else:
-        # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter
-        # (of the weights that are sharded: under MaxText ep alone shards the non-expert weights, not the experts).
-        gathered = (layer_w - layer_experts) * (weight_shards > 1) + layer_experts * (expert_shards > 1)
-        coll = (BF16 + BF16) * gathered
-    acts, logits_counted = busiest_stage_activations(job, plan, act_saved, inflight, logits, accum)
+    logits = s.tokens * m.vocab_size / plan.tp * s.fw.logit_bytes / plan.vocab_tiles
+    head_extra = head_table_bytes(s.tokens * m.vocab_size / plan.tp / plan.vocab_tiles,
+                                  m.vocab_size * m.d_model / plan.tp, st.weight_shards > 1)
+    return logits, head_extra
+
+
+def collective_buffer_bytes(plan: Plan, s: StepShape, st: StateTerms) -> float:
+    """Bytes of gathered weights and unreduced gradients the weight-sharding collectives keep live."""
+    if s.fw.spmd_pipeline(plan.pp):
+        return maxtext_stage_buffers(st.layer_w * s.layers, st.grad_params * st.body / (st.body + st.emb),
+                                     st.weight_shards, plan.dp > 1 and plan.zero < 3, plan.vpp)
+    # FSDP: one layer of gathered bf16 weights and one layer of unreduced bf16 gradients awaiting reduce-scatter
+    # (of the weights that are sharded: under MaxText ep alone shards the non-expert weights, not the experts).
+    layer_experts = st.experts / s.layers  # the routed experts' share of layer_w
+    gathered = (st.layer_w - layer_experts) * (st.weight_shards > 1) + layer_experts * (st.expert_shards > 1)
+    return (BF16 + BF16) * gathered
+
+
+def host_bytes(plan: Plan, s: StepShape, st: StateTerms, act: ActivationTerms) -> float:
+    """Host memory per chip: offloaded activations, and the optimizer state and master weights when offloaded."""
+    host = act.offload_per_layer * s.layers * s.inflight
+    if plan.offload_optimizer:
+        host += st.opt_params * st.layout.optimizer
+    if plan.offload_params:
+        host += st.params * st.layout.weights
+    return host
+
+
+def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int, s: StepShape | None = None) -> MemoryTerms:
+    """Per-chip memory of one step on the busiest stage, by term (model state, saved activations, the scanned
+    loop's buffers, one layer's working set, logits, collective buffers), under the job's framework convention;
+    with the fit check's figure (fit_floor_bytes under XLA), host memory and the per-layer quantities the
+    collectives and the planner's surrogate read. s: the step's shape when the caller has it (step_shape)."""
+    s = s or step_shape(m, job, plan, accum)
+    st = state_terms(m, job, plan, s)
+    act = activation_terms(m, job, plan, s, st)
+    logits, head_extra = logit_terms(m, plan, s, st)
+    acts, logits_counted = busiest_stage_activations(job, plan, act.saved, s.inflight, logits, accum)
     breakdown = {
-        "weights": weights + weights_working,
-        "gradients": grads,
-        "optimizer": optimizer,
+        "weights": st.weights,
+        "gradients": st.grads,
+        "optimizer": st.optimizer,
         "activations": acts,
-        "loop_buffers": loop_buffers,
-        "activation_working": act_working,
+        "loop_buffers": act.loop_buffers,
+        "activation_working": act.working,
         "logits": logits_counted,
-        "collective_buffers": coll,
+        "collective_buffers": collective_buffer_bytes(plan, s, st),
     }
     total = sum(breakdown.values())
     # XLA's memory_analysis() total (argument + output - alias + temp) holds every buffer its peak holds, so the
     # total is never below the fit floor; the sum of terms can be when the loss phase's gathered output table
     # (head_table_bytes, counted by the floor only) outweighs the layer loop's working set (a huge vocabulary
     # over a tiny width).
-    fit = fit_floor_bytes(breakdown, loop_tp, head_extra if logits_counted else 0.0) if fw.compiled_step else total
-    host = offl * layers_stage * inflight
-    if plan.offload_optimizer:
-        host += opt_params * o_b
-    if plan.offload_params:
-        host += params * w_b
+    fit = fit_floor_bytes(breakdown, act.loop_tp, head_extra if logits_counted else 0.0) if s.fw.compiled_step \
+        else total
+    w_b, g_b, _, adam_b = st.layout
     return MemoryTerms(
         convention=job.framework + (" (bf16 weights)" if job.weight_dtype == "bfloat16" else ""),
-        param_bytes=w_b, grad_reduce_bytes=reduce_b, grad_bytes=g_b, adam_bytes_per_param=adam_b,
-        param_elems=params, optimizer_param_elems=opt_params, grad_elems_for_reduce=params,
-        layer_weight_elems=layer_w, layer_expert_elems=layer_experts, loop_grad_bytes=layer_grads,
-        non_expert_param_elems=params - experts / expert_shards,
-        offload_bytes_per_layer=offl, peak_bytes=max(total, fit), fit_bytes=fit,
-        host_bytes=host, breakdown=breakdown)
+        param_bytes=w_b, grad_reduce_bytes=st.reduce_bytes, grad_bytes=g_b, adam_bytes_per_param=adam_b,
+        param_elems=st.params, optimizer_param_elems=st.opt_params, grad_elems_for_reduce=st.params,
+        layer_weight_elems=st.layer_w, layer_expert_elems=st.experts / s.layers, loop_grad_bytes=act.layer_grads,
+        non_expert_param_elems=st.params - st.experts / st.expert_shards,
+        offload_bytes_per_layer=act.offload_per_layer, peak_bytes=max(total, fit), fit_bytes=fit,
+        host_bytes=host_bytes(plan, s, st, act), breakdown=breakdown)

@@ -636,7 +636,7 @@ def test_maxtext_pipeline_memory_and_collectives_by_hand():
 def test_layer_passes_count_maxtext_bubble_iterations():
     """MaxText's pipeline runs every stage through its M * vpp + pp - 1 iterations (in micro-batches of layers:
     M + (pp - 1) / vpp); Megatron's 1F1B runs each micro-batch once per stage."""
-    from costmodel.estimate import layer_passes
+    from costmodel.memory import layer_passes
 
     plan = Plan(pp=4, vpp=2, dp=2)
     assert layer_passes(Job(4096, 32), plan, 8) == 8 + 3 / 2
