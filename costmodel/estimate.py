@@ -202,6 +202,19 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
 
 # ---- communication ------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Step:
+    """One step being costed, as the collective terms take it: the inputs, the links each mesh axis runs over
+    (axis_links) and the shape every term is counted over (costmodel.memory.step_shape), each computed once."""
+
+    m: ModelSpec
+    chip: Chip
+    job: Job
+    plan: Plan
+    links: dict[str, AxisLink]
+    shape: StepShape
+
+
 def _coll(role: Role, axis: str, kind: str, purpose: str, count: float, nbytes: float, t_each: float,
           exposed: float, level: str) -> Collective:
     return Collective(axis=axis, kind=kind, purpose=purpose, count=int(round(count)), bytes_each=nbytes, level=level,
@@ -231,10 +244,11 @@ def reruns_expert_exchange(job: Job, plan: Plan) -> bool:
     return plan.remat.count("remat") > 0 if job.fw.jax_remat else plan.remat.mlp_in == "remat"
 
 
-def expert_exchange(m: ModelSpec, chip: Chip, plan: Plan, link: AxisLink, s: StepShape, rerun: bool) -> Collective:
+def expert_exchange(c: Step, rerun: bool) -> Collective:
     """Expert parallel: the MoE layers' token all-to-alls over ep, not hidden: dispatch and combine forward and
     backward, and again when the recompute reruns them (rerun, reruns_expert_exchange); their non-expert
     gradients are reduced with the others (gradient_reductions)."""
+    m, chip, plan, link, s = c.m, c.chip, c.plan, c.links["ep"], c.shape
     # Megatron dispatches the sequence-parallel shards (1/tp of the tokens per tp rank, gathered over tp after
     # the all-to-all); MaxText 0.2.5's MoE shard_map takes the tokens replicated over `tensor`
     # (input_partition_pspec: batch, activation_norm_length -- no tensor axis), so every tp rank sends all.
@@ -254,16 +268,16 @@ def expert_exchange_floor_s(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accu
     lower bound for the planner's search (planner.solve), without the rest of an estimate()."""
     if plan.ep == 1 or not m.n_moe_layers:
         return 0.0
-    return expert_exchange(m, chip, plan, axis_links(chip, plan)["ep"], step_shape(m, job, plan, accum),
+    return expert_exchange(Step(m, chip, job, plan, axis_links(chip, plan), step_shape(m, job, plan, accum)),
                            False).exposed_s
 
 
-def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, st: StageTimes,
-                       s: StepShape) -> list[Collective]:
+def tensor_collectives(c: Step, st: StageTimes) -> list[Collective]:
     """Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under SP: same ring traffic) of the
     activations per layer forward (attention and MLP outputs), 2 backward (their inputs' gradients), and again
     for what the recompute reruns. A MoE layer's MLP pair carries its routed tokens: k x capacity (+ shared
     experts) times the layer's tokens (the expert outputs are reduced before they are combined)."""
+    m, chip, job, plan, link, s = c.m, c.chip, c.job, c.plan, c.links["tp"], c.shape
     eff = chip.eff
     nbytes = s.tokens * m.d_model * BF16
     t = collective_time(link, "all-reduce", nbytes, eff.link, eff.net)
@@ -308,11 +322,11 @@ def tensor_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Axi
     return out
 
 
-def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink],
-                             st: StageTimes, mem: MemoryTerms, s: StepShape) -> list[Collective]:
+def weight_shard_collectives(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective]:
     """Weight-sharded axes (fsdp; dp under ZeRO-3; cp and ep under MaxText): all-gather bf16 weights per layer
     forward and again in backward, reduce-scatter gradients; prefetch hides them behind that layer's compute.
     Then the output table's gather and gradient, and under MaxText the embedding rows' all-to-alls."""
+    m, chip, job, plan, links, s = c.m, c.chip, c.job, c.plan, c.links, c.shape
     ov = chip.eff.overlap
     wlinks = [links[a] for a in s.wdegrees]
     # One layer's weights on this chip before sharding: the routed experts are gathered over their own
@@ -373,13 +387,13 @@ def weight_shard_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, lin
     return out
 
 
-def gradient_reductions(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink],
-                        st: StageTimes, mem: MemoryTerms, wdegrees: dict[str, int]) -> list[Collective]:
+def gradient_reductions(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective]:
     """Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
     Under expert parallelism the non-expert weights are replicated over ep as well (a batch axis): their
     gradients are reduced over dp x ep in one collective, the experts' over dp alone.
     (MaxText shards them over ep instead, with the weight-sharded axes: nothing left to all-reduce.)"""
+    m, chip, job, plan, links, wdegrees = c.m, c.chip, c.job, c.plan, c.links, c.shape.wdegrees
     ov = chip.eff.overlap
     moe_ep = plan.ep > 1 and m.n_moe_layers > 0 and "ep" not in wdegrees
     dp_reduces = plan.dp > 1 and plan.zero < 3
@@ -411,10 +425,10 @@ def gradient_reductions(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: d
     return out
 
 
-def context_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink, st: StageTimes,
-                        s: StepShape) -> list[Collective]:
+def context_collectives(c: Step, st: StageTimes) -> list[Collective]:
     """Context parallel: all-gather K and V per layer forward; the backward pass gathers them again and
     reduce-scatters dK, dV (the same ring traffic each; XLA re-gathers even when nothing is recomputed)."""
+    m, chip, job, plan, link, s = c.m, c.chip, c.job, c.plan, c.links["cp"], c.shape
     ov = chip.eff.overlap
     kv_bytes = plan.micro_batch * job.seq_len * 2 * m.kv_dim / plan.tp * BF16
     t = collective_time(link, "all-gather", kv_bytes, chip.eff.link, chip.eff.net)
@@ -430,13 +444,13 @@ def context_collectives(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: Ax
                   link.level)]
 
 
-def stage_transfers(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLink,
-                    s: StepShape) -> list[Collective]:
+def stage_transfers(c: Step) -> list[Collective]:
     """Pipeline: activations to the next stage forward and their gradients back, once per model chunk."""
+    m, chip, plan, link, s = c.m, c.chip, c.plan, c.links["pp"], c.shape
     p_bytes = s.tokens * m.d_model * BF16 / s.sp
     t = collective_time(link, "p2p", p_bytes, chip.eff.link, chip.eff.net)
     out: list[Collective] = []
-    if job.fw.spmd_pipeline(plan.pp):
+    if s.fw.spmd_pipeline(plan.pp):
         # MaxText shifts every stage's output to the next stage once per pipeline iteration but the last
         # (M * vpp + pp - 1 iterations), forward and backward; and the logits' batch is split over the
         # stages, so (pp - 1) / pp of the last stage's outputs move to the other stages (and back).
@@ -451,9 +465,10 @@ def stage_transfers(m: ModelSpec, chip: Chip, job: Job, plan: Plan, link: AxisLi
     return out
 
 
-def host_transfers(chip: Chip, plan: Plan, st: StageTimes, mem: MemoryTerms, s: StepShape) -> list[Collective]:
+def host_transfers(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective]:
     """Host offload over the chip's host link: offloaded activations (down in the forward pass, back in the
     backward, hidden behind that layer), the optimizer step's gradients and parameters, master parameters."""
+    chip, plan, s = c.chip, c.plan, c.shape
     out: list[Collective] = []
     off_bytes = mem.offload_bytes_per_layer
     if off_bytes > 0:
@@ -476,23 +491,23 @@ def host_transfers(chip: Chip, plan: Plan, st: StageTimes, mem: MemoryTerms, s: 
     return out
 
 
-def communication(m: ModelSpec, chip: Chip, job: Job, plan: Plan, links: dict[str, AxisLink], st: StageTimes,
-                  mem: MemoryTerms, s: StepShape) -> list[Collective]:
+def communication(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective]:
     """Every collective of a step with its exposed time (after overlap with the compute it can hide behind),
     axis by axis: tp, the weight-sharded axes, the gradient reductions, cp, ep, pp, host."""
+    plan = c.plan
     out: list[Collective] = []
     if plan.tp > 1:
-        out += tensor_collectives(m, chip, job, plan, links["tp"], st, s)
-    if math.prod(links[a].size for a in s.wdegrees) > 1:
-        out += weight_shard_collectives(m, chip, job, plan, links, st, mem, s)
-    out += gradient_reductions(m, chip, job, plan, links, st, mem, s.wdegrees)
+        out += tensor_collectives(c, st)
+    if math.prod(c.links[a].size for a in c.shape.wdegrees) > 1:
+        out += weight_shard_collectives(c, st, mem)
+    out += gradient_reductions(c, st, mem)
     if plan.cp > 1:
-        out += context_collectives(m, chip, job, plan, links["cp"], st, s)
-    if plan.ep > 1 and m.n_moe_layers:
-        out.append(expert_exchange(m, chip, plan, links["ep"], s, reruns_expert_exchange(job, plan)))
+        out += context_collectives(c, st)
+    if plan.ep > 1 and c.m.n_moe_layers:
+        out.append(expert_exchange(c, reruns_expert_exchange(c.job, plan)))
     if plan.pp > 1:
-        out += stage_transfers(m, chip, job, plan, links["pp"], s)
-    return out + host_transfers(chip, plan, st, mem, s)
+        out += stage_transfers(c)
+    return out + host_transfers(c, st, mem)
 
 
 # ---- the estimate -------------------------------------------------------------------------------------------
@@ -505,7 +520,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     s = step_shape(m, job, plan, accum)  # what every term is counted over, once
     st = stage_times(m, chip, job, plan, s)
     mem = memory_terms(m, chip, job, plan, accum, s)
-    colls = communication(m, chip, job, plan, links, st, mem, s)
+    colls = communication(Step(m, chip, job, plan, links, s), st, mem)
 
     comm_exposed: dict[str, float] = {}
     for c in colls:
