@@ -7,10 +7,13 @@ transcription behind runs_dev.csv, is not one). Splits (costmodel.holdout), per 
   leave-framework-out  each framework predicted by a fit on the family's other frameworks;
   leave-scale-out      a fit on rows with chips <= N (the family's median) predicts the larger runs.
 The fit is costmodel.calibrate.fit_sources (each source the same total weight, at most 40 rows of a source per
-chip). --compare adds leave-source-out of the procedure the overlays shipped before issue 28 were fitted with
-(every row weight 1) on runs_dev.csv + maxtext2023-v5p.csv, predicting every row of every file.
-Usage: python benchmarks/holdout.py [--file F ...] [--compare] [--write]
---write saves benchmarks/holdout_report.txt (with --compare). About 2.5 minutes on one core (3 with --compare).
+chip); --priors on penalizes it towards hardware/priors.yaml (costmodel.calibrate.Procedure(priors=True): a family
+with no training row is then predicted with the prior means instead of the defaults), both runs it each way.
+--compare adds leave-source-out of the shipped overlays' procedure (every row weight 1, fitted on runs_dev.csv +
+maxtext2023-v5p.csv, every row of every file predicted) with priors off and on, and the change per family.
+Usage: python benchmarks/holdout.py [--file F ...] [--priors off|on|both] [--compare] [--write]
+--write saves benchmarks/holdout_report.txt (with --compare, --priors both). About 3 minutes on one core per
+setting of --priors, 1.5 more per setting with --compare.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from costmodel.published import load_cases  # noqa: E402
 from hardware.errors import InputError  # noqa: E402
 
 RUNS = ROOT / "data" / "runs"
-SHIPPED_FILES = ("runs_dev.csv", "maxtext2023-v5p.csv")  # what the pre-issue-28 overlays were fitted on
+SHIPPED_FILES = ("runs_dev.csv", "maxtext2023-v5p.csv")  # what the shipped overlays are fitted on
+SHIPPED_PRIORS = True  # the shipped overlays are fitted with priors (their 'priors' key; docs/priors.md)
 LABELS = {"in_sample": "in-sample", "leave_source_out": "leave-source-out",
           "leave_framework_out": "leave-framework-out", "leave_scale_out": "leave-scale-out"}
 
@@ -101,7 +105,7 @@ def percentile_table(recs: list[dict]) -> str:
     return out.getvalue()
 
 
-def report(files: list[Path], compare: bool, skipped_files: dict[str, str]) -> str:
+def report(files: list[Path], compare: bool, skipped_files: dict[str, str], settings: tuple[bool, ...]) -> str:
     start = time.perf_counter()
     loaded = [(p, *load_cases(p)) for p in files]
     cases = [c for _, cs, _ in loaded for c in cs]
@@ -113,35 +117,72 @@ def report(files: list[Path], compare: bool, skipped_files: dict[str, str]) -> s
         out.write(f"#   {name}: not a runs file ({why})\n")
     out.write(f"# fit: {calibrate.WEIGHTINGS['sources']}\n")
     out.write("# cells: MAPE % over rows (in brackets: every source weighing the same); rows the model cannot\n"
-              "# estimate (a plan it cannot split) are left out; N: the leave-scale-out threshold (median chips)\n\n")
-    splits = holdout.all_splits(cases)
-    out.write(family_table(splits, cases))
-    out.write("\n# leave-source-out per source (median err < 0: predicted too fast)\n")
-    out.write(source_table(splits["leave_source_out"]))
-    out.write("\n# leave-source-out: 10th / 90th percentiles of the log residuals, sources weighted equally\n")
-    out.write(percentile_table(splits["leave_source_out"]))
+              "# estimate (a plan it cannot split) are left out; N: the leave-scale-out threshold (median chips)\n")
+    for priors in settings:
+        out.write(f"\n# ===== every file fitted, priors {_on(priors)} =====\n")
+        splits = holdout.all_splits(cases, calibrate.Procedure("sources", priors))
+        out.write(family_table(splits, cases))
+        out.write("\n# leave-source-out per source (median err < 0: predicted too fast)\n")
+        out.write(source_table(splits["leave_source_out"]))
+        out.write("\n# leave-source-out: 10th / 90th percentiles of the log residuals, sources weighted equally\n")
+        out.write(percentile_table(splits["leave_source_out"]))
     if compare:
-        pool = {c.source for p, cs, _ in loaded if p.name in SHIPPED_FILES for c in cs}
-        old = holdout.leave_source_out(cases, calibrate.fit_rows_unweighted, pool=pool)
-        out.write(f"\n# --compare: leave-source-out of the shipped overlays' procedure (every row weight 1) fitted on "
-                  f"{' + '.join(SHIPPED_FILES)}\n# only; every row of every file predicted (rows of other sources by "
-                  "the fit on all of those files). These are the\n# figures of hardware/calibration/accuracy.yaml: "
-                  "the calibration fitted on every file above has the worse\n# out-of-source figure (sources "
-                  "weighing the same), so the shipped overlays stay fitted on these files.\n")
-        out.write(family_table({"leave_source_out": old}, cases))
-        out.write(source_table(old))
+        out.write(compare_shipped(loaded, cases))
     out.write(f"\n# {time.perf_counter() - start:.0f} s\n")
+    return out.getvalue()
+
+
+def _change(a: float, b: float) -> str:
+    return f"{a:6.1f} -> {b:6.1f} ({b - a:+5.1f})"
+
+
+def _on(priors: bool) -> str:
+    return "on" if priors else "off"
+
+
+def compare_shipped(loaded: list, cases: list) -> str:
+    """Leave-source-out of the shipped procedure (every row weight 1, SHIPPED_FILES fitted, every row predicted),
+    priors off and on, with the change per family (sources weighing the same)."""
+    out = io.StringIO()
+    pool = {c.source for p, cs, _ in loaded if p.name in SHIPPED_FILES for c in cs}
+    out.write(f"\n# --compare: leave-source-out of the shipped overlays' procedure (every row weight 1) fitted on "
+              f"{' + '.join(SHIPPED_FILES)}\n# only; every row of every file predicted (rows of other sources by "
+              "the fit on all of those files). The calibration\n# fitted on every file above has the worse "
+              "out-of-source figure (sources weighing the same), so the shipped\n# overlays stay fitted on these "
+              f"files; they ship with priors {_on(SHIPPED_PRIORS)}: those are the figures of "
+              "hardware/calibration/accuracy.yaml.\n")
+    summaries = {}
+    for priors in (False, True):
+        recs = holdout.leave_source_out(cases, calibrate.Procedure("rows", priors), pool=pool)
+        summaries[priors] = holdout.summarize(recs)
+        out.write(f"\n# priors {_on(priors)}"
+                  + (f" ({calibrate.PRIORS_NOTE}; RESIDUAL_SD {calibrate.RESIDUAL_SD:g})" if priors else "") + "\n")
+        out.write(family_table({"leave_source_out": recs}, cases))
+        out.write(source_table(recs))
+        out.write(percentile_table(recs))
+    out.write("\n# priors on vs off, leave-source-out of the shipped procedure: MAPE % with sources weighing the same "
+              "(over rows)\n")
+    off, on = summaries[False], summaries[True]
+    for name in [*off["families"], "overall"]:
+        a, b = (off["overall"], on["overall"]) if name == "overall" else (off["families"][name], on["families"][name])
+        out.write(f"{name:10s} {_change(a['source_mape_pct'], b['source_mape_pct'])}   rows "
+                  f"{_change(a['mape_pct'], b['mape_pct'])}\n")
     return out.getvalue()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--file", action="append", default=None, help="runs CSV (repeat); default: data/runs/*.csv")
-    ap.add_argument("--compare", action="store_true", help="also the pre-issue-28 procedure on runs_dev.csv")
+    ap.add_argument("--compare", action="store_true", help="also the shipped procedure (runs_dev.csv + "
+                    "maxtext2023-v5p.csv, every row weight 1), priors off and on")
+    ap.add_argument("--priors", choices=("off", "on", "both"), default=None,
+                    help="fits penalized towards hardware/priors.yaml (default off; both with --write)")
     ap.add_argument("--write", action="store_true", help="save benchmarks/holdout_report.txt")
     args = ap.parse_args()
     files, other = ([Path(f) for f in args.file], {}) if args.file else runs_files()
-    text = report(files, args.compare or args.write, other)
+    priors = args.priors or ("both" if args.write else "off")
+    settings = {"off": (False,), "on": (True,), "both": (False, True)}[priors]
+    text = report(files, args.compare or args.write, other, settings)
     print(text)
     if args.write:
         (ROOT / "benchmarks" / "holdout_report.txt").write_text(text)
