@@ -12,6 +12,7 @@ from rich.table import Table
 
 from cli import options as o
 from cli.main import app
+from cli.plan_flags import PlanFlags, print_notes, resolve_plan, with_plan_flags
 from cli.render import plan_dict, plan_summary, print_cost, print_json, shown
 from costmodel.estimate import estimate as estimate_cost
 from hardware.errors import InputError, shown_path
@@ -21,135 +22,39 @@ app.add_typer(bench_app, name="bench")
 
 
 @app.command()
+@with_plan_flags()
 def estimate(
-    model: str = typer.Option(None, "--model", "-m", help="Preset name, a model YAML path, or a size such as 70B or "
-                                                          "1T (required unless a plan source is given)."),
-    hardware: str = typer.Option(None, "--hardware", "-H", help="Hardware preset name or a profile YAML path "
-                                                                "(default tpu-v5p)."),
-    chips: int = typer.Option(None, "--chips", "-n", help="Number of chips; must equal the product of the degrees."),
-    seq_len: int = typer.Option(None, "--seq-len", "-s", help="Sequence length in tokens (default 4096)."),
-    global_batch: int = typer.Option(None, "--global-batch", "-b", help="Sequences per optimizer step."),
-    dp: int = typer.Option(None, "--dp", help="Data-parallel degree (replicated weights; default 1)."),
-    fsdp: int = typer.Option(None, "--fsdp", help="Fully-sharded data-parallel degree (default 1)."),
-    tp: int = typer.Option(None, "--tp", help="Tensor-parallel degree (default 1)."),
-    cp: int = typer.Option(None, "--cp", help="Context (sequence) parallel degree (default 1)."),
-    pp: int = typer.Option(None, "--pp", help="Pipeline-parallel degree (default 1)."),
-    ep: int = typer.Option(None, "--ep", help="Expert-parallel degree (MoE only; default 1)."),
-    vpp: int = typer.Option(None, "--vpp", help="Virtual pipeline stages per pipeline rank (default 1)."),
-    micro_batch: int = typer.Option(None, "--micro-batch", help="Sequences per micro-step per model replica "
-                                                                "(default 1)."),
-    zero: int = typer.Option(None, "--zero", help="ZeRO stage over the dp axis (0-3; default 0)."),
-    remat: str = typer.Option(None, "--remat", help="none, selective, full (default), a MaxText policy, or "
-                                                    "custom:t=c,..."),
-    offload: list[str] = typer.Option(None, "--offload", help="optimizer, params, or remat tensors to offload."),
-    slices: int = typer.Option(None, "--slices", help="TPU slices joined over DCN (default 1)."),
-    vocab_tiles: int = typer.Option(None, "--vocab-tiles", help="Compute logits/loss in this many token chunks "
-                                                                "(MaxText num_vocab_tiling; default 1)."),
-    no_sp: bool = typer.Option(False, "--no-sequence-parallel", help="Disable sequence parallelism on tp."),
-    precision: str = typer.Option(None, "--precision", help="Matmul precision: bf16 (default), fp8 or int8."),
-    framework: str = typer.Option(None, "--framework", help="State/collective conventions: maxtext (default), "
-                                                            "megatron, pytorch-fsdp or deepspeed."),
-    weight_dtype: str = typer.Option(None, "--weight-dtype", help="MaxText weight_dtype: float32 (default) or "
-                                                                  "bfloat16 (bf16 weights and Adam moments)."),
-    plan_file: str = typer.Option(None, "--plan", help="Plan file: model, hardware, chips, job and plan come from "
-                                                       "it; other flags given here override it."),
-    from_maxtext: str = typer.Option(None, "--from-maxtext", help="Cost a MaxText config (maxtext 0.2.5 keys)."),
-    from_megatron: str = typer.Option(None, "--from-megatron", help="Cost Megatron-LM pretrain_gpt.py arguments."),
-    save_plan_to: str = typer.Option(None, "--save-plan", help="Also write the costed plan as a plan file."),
+    flags: PlanFlags,
+    save_plan_to: str = typer.Option(None, "--save-plan", metavar="FILE",
+                                     help="Also write the costed plan as a plan file."),
     as_json: bool = o.JSON,
 ) -> None:
-    """Cost one explicit plan: step time, MFU, memory per chip and where the time goes."""
-    from cli.plan_cmds import resolve_source
+    """Cost one explicit plan: step time, MFU, memory per chip and where the time goes. The plan comes from the
+    flags, or from --plan / --from-maxtext / --from-megatron with the flags given over it."""
+    from costmodel.interval import step_time_interval
     from planner.planfile import save_plan
 
     if save_plan_to:  # before any work: a bad path fails at once
         from hardware.fileio import check_output_path
 
         check_output_path(save_plan_to, "--save-plan")
-    flags = dict(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
-                 slices=slices, vocab_tiles=vocab_tiles)
-    pf = resolve_source(plan_file, from_maxtext, from_megatron, hardware, chips, model, required=False)
-    if pf is None:
-        if model is not None:  # an unknown model or hardware is said before a missing flag
-            m, chip = o.resolve(model, hardware or "tpu-v5p")
-        needed = (("--model", model), ("--chips", chips), ("--global-batch", global_batch))
-        missing = [f for f, v in needed if v is None]
-        if missing:
-            raise InputError(f"{', '.join(missing)}: required (or give --plan FILE, --from-maxtext FILE or "
-                             "--from-megatron FILE)")
-        job = o.make_job(4096 if seq_len is None else seq_len, global_batch, precision or "bf16",
-                         framework or "maxtext", weight_dtype or "float32")
-        plan = o.make_plan(*(1 if flags[k] is None else flags[k] for k in ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp",
-                                                                         "micro_batch")),
-                           0 if zero is None else zero, "full" if remat is None else remat, offload,
-                           1 if slices is None else slices, not no_sp, 1 if vocab_tiles is None else vocab_tiles)
-        hw_ref = hardware or "tpu-v5p"
-    else:
-        if plan_file:  # --plan: flags given here override the file
-            pf = _override(pf, model, hardware, chips)
-        m, chip, chips, hw_ref = pf.model, pf.hardware, pf.chips, pf.hardware_ref or pf.hardware.name
-        fw = framework or pf.job.framework
-        job = o.make_job(pf.job.seq_len if seq_len is None else seq_len,
-                         pf.job.global_batch if global_batch is None else global_batch,
-                         precision or pf.job.precision, fw, o.weight_dtype_over(weight_dtype, fw, pf.job))
-        plan = _override_plan(pf.plan, flags, remat, offload, no_sp)
-    o.positive("--chips", chips)
-    cost = estimate_cost(m, chip, job, plan, chips)
+    r = resolve_plan(flags)
+    cost = estimate_cost(r.model, r.chip, r.job, r.plan, r.chips)
     if save_plan_to:
-        save_plan(save_plan_to, model if (model and pf is None) else m, hw_ref, chips, job, plan, cost,
+        save_plan(save_plan_to, r.model if r.source else r.model_ref, r.hardware_ref, r.chips, r.job, r.plan, cost,
                   flag="--save-plan")
-    from costmodel.interval import step_time_interval
-
-    iv = step_time_interval(cost, chip, job, plan)
+    iv = step_time_interval(cost, r.chip, r.job, r.plan)
     if as_json:
-        print_json({"model": m.name, "hardware": chip.name, "chips": chips, "plan": plan_dict(plan), **cost.to_dict(),
-                    **iv.to_dict()})
+        print_json({"model": r.model.name, "hardware": r.chip.name, "chips": r.chips, "plan": plan_dict(r.plan),
+                    **cost.to_dict(), **iv.to_dict(), "notes": list(r.notes)})
         return
-    print_cost(cost, f"{m.name} on {chips} x {chip.name}: {plan_summary(plan)}", interval=iv)
-
-
-def _override_plan(plan, flags: dict, remat: str | None, offload: list[str] | None, no_sp: bool):
-    """Plan-shape flags given together with a plan source replace the file's values."""
-    from costmodel.plan import parse_remat
-
-    upd = {k: v for k, v in flags.items() if v is not None}
-    if remat is not None:
-        upd["remat"] = parse_remat(remat)
-    if no_sp:
-        upd["sequence_parallel"] = False
-    plan = plan.with_(**upd)
-    for item in [s.strip() for x in (offload or []) for s in x.split(",") if s.strip()]:
-        if item in ("optimizer", "opt"):
-            plan = plan.with_(offload_optimizer=True)
-        elif item in ("params", "parameters"):
-            plan = plan.with_(offload_params=True)
-        else:
-            spec = ",".join(f"{t}={'offload' if t == item else c}" for t, c in plan.remat.choices().items())
-            if item not in plan.remat.choices():
-                spec += f",{item}=offload"
-            plan = plan.with_(remat=parse_remat("custom:" + spec))
-    return plan
-
-
-def _override(pf, model: str | None, hardware: str | None, chips: int | None):
-    """--model / --hardware / --chips given together with --plan replace the file's."""
-    from dataclasses import replace
-
-    from costmodel.catalog import load_model
-    from hardware.catalog import load_hardware
-
-    if model:
-        pf = replace(pf, model=load_model(model), model_ref=model)
-    if hardware:
-        pf = replace(pf, hardware=load_hardware(hardware), hardware_ref=hardware)
-    if chips:
-        pf = replace(pf, chips=chips)
-    return pf
+    print_notes(r.notes)
+    print_cost(cost, f"{r.model.name} on {r.chips} x {r.chip.name}: {plan_summary(r.plan)}", interval=iv)
 
 
 @bench_app.command("published")
 def bench_published(
-    file: str = typer.Option(..., "--file", "-f", help="CSV in the runs_dev.csv schema."),
+    file: str = typer.Option(..., "--file", "-f", metavar="FILE", help="CSV in the runs_dev.csv schema."),
     as_json: bool = o.JSON,
 ) -> None:
     """Predicted vs measured step time for every usable row of a published-runs CSV, with the shipped calibration
@@ -250,22 +155,25 @@ def _pct(v) -> str:
 def calibrate(
     file: list[str] = typer.Option(None, "--file", "-f", help="CSV(s) in the runs_dev.csv schema with measured step "
                                    "times; repeat to combine files. Prints the fit; writes nothing unless "
-                                   "--write-shipped or --overlay-dir is given."),
-    hardware: list[str] = typer.Option(None, "--hardware", "-H", help="Only these presets (default: all in file); "
-                                       "with --out, the one profile to calibrate."),
+                                   "--write-shipped or --overlay-dir is given.", metavar="FILE"),
+    hardware: list[str] = typer.Option(None, "--hardware", "-H", metavar="NAME", show_default="all in the files",
+                                       help="Only these presets; with --out, the one profile to calibrate."),
     write_shipped: bool = typer.Option(False, "--write-shipped", help="With --file: replace the shipped overlays "
                                        "hardware/calibration/NAME.yaml with the fit (atomically)."),
     overlay_dir: str = typer.Option(None, "--overlay-dir", help="With --file: write the overlays NAME.yaml into "
-                                    "this existing folder instead of the shipped one."),
+                                    "this existing folder instead of the shipped one.", metavar="DIR"),
     evaluate: list[str] = typer.Option(None, "--evaluate", help="With --write-shipped: runs CSV(s) whose rows are "
                                        "never fitted, only predicted out of source in accuracy.yaml (their sources "
-                                       "must not be in --file)."),
-    weighting: str = typer.Option("sources", "--weighting", help="With --file: 'sources' (default: each source the "
-                                  "same total weight, at most 40 rows of a source per chip) or 'rows' (every row "
-                                  "weight 1, the procedure of the shipped overlays)."),
+                                       "must not be in --file).", metavar="FILE"),
+    weighting: str = typer.Option("sources", "--weighting", metavar="WEIGHTING",
+                                  help="With --file: 'sources' (each source the same total weight, at most 40 rows "
+                                       "of a source per chip) or 'rows' (every row weight 1, the procedure of the "
+                                       "shipped overlays)."),
     out: str = typer.Option("", "--out", help="Instead of published runs: run a validator plan set on the JAX "
-                            "devices here, fit the profile to their step times and write it to this file."),
-    plan_set: str = typer.Option("cpu8", "--set", help="With --out: the plan set (quick, cpu8, single)."),
+                            "devices here, fit the profile to their step times and write it to this file.",
+                            metavar="FILE"),
+    plan_set: str = typer.Option("cpu8", "--set", metavar="NAME",
+                                 help="With --out: the plan set (quick, cpu8, single)."),
     devices: int = typer.Option(8, "--devices", help="With --out: host-platform devices to create (CPU) / to use."),
     steps: int = typer.Option(2, "--steps", help="With --out: steps per timing round (the fastest counts)."),
     d_model: int = typer.Option(128, "--d-model", help="With --out: width of the scaled-down models."),
@@ -273,8 +181,8 @@ def calibrate(
     seq_len: int = typer.Option(128, "--seq-len", help="With --out: sequence length of the scaled-down jobs."),
     fast_compile: bool = typer.Option(False, "--fast-compile/--full-opt",
                                       help="With --out: XLA backend optimisation level 0 (CPU)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fit without writing an overlay (the default "
-                                 "with --file; kept for scripts)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the fit without writing an overlay (what --file "
+                                 "does without --write-shipped or --overlay-dir; kept for scripts)."),
     as_json: bool = o.JSON,
 ) -> None:
     """Fit each chip's efficiency parameters to measured runs and print them (--write-shipped replaces

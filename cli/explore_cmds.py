@@ -1,7 +1,7 @@
 """`planner explain`, `planner sweep` and `planner plot`: exploring trade-offs around a plan or across a grid.
 
-explain and plot take the same plan flags as `planner estimate`, or `--plan FILE` (a plan file from
-`planner suggest --save`), in which case any plan flag given explicitly overrides the file's value.
+explain and plot take the plan flags of `planner estimate` (cli.plan_flags), plan sources included; sweep takes
+its job flags and plan sources for the fixed part of its grid.
 """
 
 from __future__ import annotations
@@ -13,128 +13,13 @@ from rich.table import Table
 
 from cli import options as o
 from cli.main import app
+from cli.plan_flags import DEFAULTS, PlanFlags, print_notes, resolve_plan, with_plan_flags
 from cli.render import plan_summary, print_json
 from costmodel.job import Job
-from costmodel.model import ModelSpec
-from costmodel.plan import AXES, Plan
-from hardware.chip import Chip
 from hardware.errors import InputError, shown_path
 
 GIB = 2**30
 BAR = 30  # characters of the text waterfall and memory bars
-
-# ---- the plan flags (as `planner estimate`; None = not given, so a --plan file's value stays) ---------------
-
-PLAN_FILE = typer.Option(None, "--plan", "-p", help="A plan file (planner suggest --save); flags override it.")
-MODEL = typer.Option(None, "--model", "-m", help="Preset name, a model YAML path, or a size such as 70B or 1T.")
-HARDWARE = typer.Option(None, "--hardware", "-H", help="Hardware preset name or profile YAML path [tpu-v5p].")
-CHIPS = typer.Option(None, "--chips", "-n", help="Number of chips; must equal the product of the degrees.")
-SEQ_LEN = typer.Option(None, "--seq-len", "-s", help="Sequence length in tokens [4096].")
-GLOBAL_BATCH = typer.Option(None, "--global-batch", "-b", help="Sequences per optimizer step.")
-DP = typer.Option(None, "--dp", help="Data-parallel degree (replicated weights) [1].")
-FSDP = typer.Option(None, "--fsdp", help="Fully-sharded data-parallel degree [1].")
-TP = typer.Option(None, "--tp", help="Tensor-parallel degree [1].")
-CP = typer.Option(None, "--cp", help="Context (sequence) parallel degree [1].")
-PP = typer.Option(None, "--pp", help="Pipeline-parallel degree [1].")
-EP = typer.Option(None, "--ep", help="Expert-parallel degree (MoE only) [1].")
-VPP = typer.Option(None, "--vpp", help="Virtual pipeline stages per pipeline rank [1].")
-MICRO_BATCH = typer.Option(None, "--micro-batch", help="Sequences per micro-step per model replica [1].")
-ZERO = typer.Option(None, "--zero", help="ZeRO stage over the dp axis (0-3) [0].")
-REMAT = typer.Option(None, "--remat", help="none, selective, full, a MaxText policy, or custom:t=c,... [full].")
-OFFLOAD = typer.Option(None, "--offload", help="optimizer, params, or remat tensors to offload.")
-SLICES = typer.Option(None, "--slices", help="TPU slices joined over DCN [1].")
-NO_SP = typer.Option(False, "--no-sequence-parallel", help="Disable sequence parallelism on tp.")
-PRECISION = typer.Option(None, "--precision", help="Matmul precision: bf16, fp8 or int8 [bf16].")
-FRAMEWORK = typer.Option(None, "--framework",
-                         help="State/collective conventions: maxtext, megatron, pytorch-fsdp or deepspeed [maxtext].")
-VOCAB_TILES = typer.Option(None, "--vocab-tiles",
-                           help="Compute logits/loss in this many token chunks (MaxText num_vocab_tiling) [1].")
-WEIGHT_DTYPE = typer.Option(None, "--weight-dtype",
-                            help="MaxText weight_dtype: float32 or bfloat16 (bf16 weights and Adam moments) [float32].")
-
-
-def _from_plan_file(path: str) -> dict:
-    """The model/hardware/chips/job/plan a plan file holds, as the keys resolve_inputs fills."""
-    try:
-        from planner.planfile import load_plan
-    except ImportError:
-        raise InputError("--plan: plan files are not available in this build (planner/planfile.py)") from None
-    pf = load_plan(path)
-    job: Job | None = getattr(pf, "job", None)
-    out = {"model": getattr(pf, "model", None), "hardware": getattr(pf, "hardware", None),
-           "chips": getattr(pf, "chips", None), "plan": getattr(pf, "plan", None), "job": job}
-    return out
-
-
-def _with_offload(plan: Plan, offload: list[str]) -> Plan:
-    """--offload on top of a plan file's plan: optimizer/params switch on, tensor names move to host."""
-    from costmodel.plan import Remat
-
-    items = [s.strip() for x in offload for s in x.split(",") if s.strip()]
-    kw: dict = {}
-    tensors = {}
-    for item in items:
-        if item in ("optimizer", "opt"):
-            kw["offload_optimizer"] = True
-        elif item in ("params", "parameters"):
-            kw["offload_params"] = True
-        else:
-            tensors[item] = "offload"
-    if tensors:
-        from costmodel.plan import parse_remat
-
-        named = parse_remat("custom:" + ",".join(f"{t}=offload" for t in tensors))  # validates the names
-        choices = {**plan.remat.choices(), **{t: c for t, c in named.choices().items() if c == "offload"}}
-        kw["remat"] = Remat(name="custom", **choices)
-    return plan.with_(**kw)
-
-
-def resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp, fsdp, tp, cp, pp, ep, vpp,
-                   micro_batch, zero, remat, offload, slices, no_sp, precision, framework, vocab_tiles=None,
-                   weight_dtype=None) -> tuple[ModelSpec, Chip, Job, Plan, int]:
-    """(model, chip, job, plan, chips) from the flags, on top of a plan file when --plan is given."""
-    from costmodel.catalog import load_model
-    from hardware.catalog import load_hardware
-
-    flags = {"dp": dp, "fsdp": fsdp, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "vpp": vpp, "micro_batch": micro_batch,
-             "slices": slices, "vocab_tiles": vocab_tiles}
-    if plan_file:
-        f = _from_plan_file(plan_file)
-        fm, fh, fjob, fplan = f["model"], f["hardware"], f["job"], f["plan"]
-        m = load_model(model) if model else (fm if isinstance(fm, ModelSpec) else load_model(str(fm)))
-        chip = load_hardware(hardware) if hardware else (fh if isinstance(fh, Chip) else load_hardware(str(fh)))
-        fw = framework or fjob.framework
-        job = o.make_job(seq_len or fjob.seq_len, global_batch or fjob.global_batch, precision or fjob.precision, fw,
-                         o.weight_dtype_over(weight_dtype, fw, fjob))
-        base: Plan = fplan
-        kw = {k: o.positive(f"--{k.replace('_', '-')}", v) for k, v in flags.items() if v is not None}
-        if zero is not None:
-            kw["zero"] = zero
-        if no_sp:
-            kw["sequence_parallel"] = False
-        if remat is not None:
-            from costmodel.plan import parse_remat
-
-            kw["remat"] = parse_remat(remat)
-        plan = base.with_(**kw)
-        if offload:
-            plan = _with_offload(plan, offload)
-        # Changed degrees without --chips: the chips follow the degrees.
-        n = chips or (plan.chips if any(flags[a] is not None for a in AXES) else f["chips"])
-        return m, chip, job, plan, o.positive("--chips", n)
-    missing = [flag for flag, v in (("--model", model), ("--chips", chips), ("--global-batch", global_batch))
-               if v is None]
-    if missing:
-        raise InputError(f"{missing[0]}: required (or give --plan FILE)")
-    m, chip = o.resolve(model, hardware or "tpu-v5p")
-    job = o.make_job(seq_len or 4096, global_batch, precision or "bf16", framework or "maxtext",
-                     weight_dtype or "float32")
-    d = {k: (1 if v is None else v) for k, v in flags.items()}
-    plan = o.make_plan(d["dp"], d["fsdp"], d["tp"], d["cp"], d["pp"], d["ep"], d["vpp"], d["micro_batch"],
-                       zero or 0, "full" if remat is None else remat, offload, d["slices"], not no_sp,
-                       d["vocab_tiles"])
-    return m, chip, job, plan, o.positive("--chips", chips)
-
 
 # ---- explain ----------------------------------------------------------------------------------------------
 
@@ -227,51 +112,42 @@ def print_explanation(ex, console: Console | None = None) -> None:
 
 
 @app.command()
+@with_plan_flags()
 def explain(
-    plan_file: str = PLAN_FILE, model: str = MODEL, hardware: str = HARDWARE, chips: int = CHIPS,
-    seq_len: int = SEQ_LEN, global_batch: int = GLOBAL_BATCH, dp: int = DP, fsdp: int = FSDP, tp: int = TP,
-    cp: int = CP, pp: int = PP, ep: int = EP, vpp: int = VPP, micro_batch: int = MICRO_BATCH, zero: int = ZERO,
-    remat: str = REMAT, offload: list[str] = OFFLOAD, slices: int = SLICES, no_sp: bool = NO_SP,
-    precision: str = PRECISION, framework: str = FRAMEWORK, vocab_tiles: int = VOCAB_TILES,
-    weight_dtype: str = WEIGHT_DTYPE,
+    flags: PlanFlags,
     no_what_ifs: bool = typer.Option(False, "--no-what-ifs", help="Skip costing the neighbouring plans."),
     as_json: bool = o.JSON,
 ) -> None:
     """Why a plan takes what it takes: step waterfall, memory against capacity, the bottleneck, and what-ifs."""
     from planner.explain import explain as explain_plan
 
-    m, chip, job, plan, n = resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp, fsdp, tp,
-                                           cp, pp, ep, vpp, micro_batch, zero, remat, offload, slices, no_sp,
-                                           precision, framework, vocab_tiles, weight_dtype)
-    ex = explain_plan(m, chip, job, plan, n, with_what_ifs=not no_what_ifs)
+    r = resolve_plan(flags)
+    ex = explain_plan(r.model, r.chip, r.job, r.plan, r.chips, with_what_ifs=not no_what_ifs)
     if as_json:
-        print_json({**ex.to_dict(), "job": dict(job.__dict__)})
+        print_json({**ex.to_dict(), "job": dict(r.job.__dict__), "notes": list(r.notes)})
         return
+    print_notes(r.notes)
     print_explanation(ex)
 
 
 # ---- plot -------------------------------------------------------------------------------------------------
 
 @app.command()
+@with_plan_flags()
 def plot(
-    out: str = typer.Option(..., "--out", "-o", help="Figure path; .png, .svg or .pdf (format from the extension)."),
-    plan_file: str = PLAN_FILE, model: str = MODEL, hardware: str = HARDWARE, chips: int = CHIPS,
-    seq_len: int = SEQ_LEN, global_batch: int = GLOBAL_BATCH, dp: int = DP, fsdp: int = FSDP, tp: int = TP,
-    cp: int = CP, pp: int = PP, ep: int = EP, vpp: int = VPP, micro_batch: int = MICRO_BATCH, zero: int = ZERO,
-    remat: str = REMAT, offload: list[str] = OFFLOAD, slices: int = SLICES, no_sp: bool = NO_SP,
-    precision: str = PRECISION, framework: str = FRAMEWORK, vocab_tiles: int = VOCAB_TILES,
-    weight_dtype: str = WEIGHT_DTYPE,
+    flags: PlanFlags,
+    out: str = typer.Option(..., "--out", "-o", metavar="FILE",
+                            help="Figure path; .png, .svg or .pdf (format from the extension)."),
 ) -> None:
     """Draw one plan's step waterfall and memory bars to a PNG, SVG or PDF file."""
     from planner.explain import explain as explain_plan
     from planner.plots import check_figure_path, plot_explanation
 
     check_figure_path(out, "--out")
-    m, chip, job, plan, n = resolve_inputs(plan_file, model, hardware, chips, seq_len, global_batch, dp, fsdp, tp,
-                                           cp, pp, ep, vpp, micro_batch, zero, remat, offload, slices, no_sp,
-                                           precision, framework, vocab_tiles, weight_dtype)
-    ex = explain_plan(m, chip, job, plan, n, with_what_ifs=False)
+    r = resolve_plan(flags)
+    ex = explain_plan(r.model, r.chip, r.job, r.plan, r.chips, with_what_ifs=False)
     path = plot_explanation(ex, out)
+    print_notes(r.notes)
     typer.echo(f"wrote {shown_path(path, 1000)}")
 
 
@@ -304,60 +180,109 @@ def _sweep_table(rows: list[dict], varied: list[str]) -> Table:
     return t
 
 
+SWEEP_OMIT = ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp", "micro_batch", "zero", "remat", "offload", "slices",
+              "vocab_tiles", "no_sp", "weight_dtype")  # the sweep searches the plan at each point
+SWEEP_HELP = {"model": {"help": "Model, unless varied: preset name, model YAML path or size."},
+              "chips": {"help": "Number of chips, unless varied."},
+              "global_batch": {"help": "Sequences per step, unless varied.",
+                               "show_default": "about 4M tokens per point"}}
+
+
 @app.command()
+@with_plan_flags(omit=SWEEP_OMIT, **SWEEP_HELP)
 def sweep(
-    vary: list[str] = typer.Option(..., "--vary", "-v",
-                                   help="VARIABLE=VALUES, once or twice. Variables: chips, global_batch, seq_len, "
-                                        "model, hardware. Values: a list (256,512) or a range start:stop:xF "
-                                        "(geometric) or start:stop:+S. At most 2000 points in all."),
-    model: str = typer.Option(None, "--model", "-m", help="Model (unless varied): preset, YAML path or size."),
-    hardware: str = typer.Option(None, "--hardware", "-H",
-                                 help="Hardware preset or profile (unless varied) [tpu-v5p]."),
-    chips: int = typer.Option(None, "--chips", "-n", help="Number of chips (unless varied)."),
-    global_batch: int = typer.Option(None, "--global-batch", "-b",
-                                     help="Sequences per step (unless varied); default about 4M tokens per point."),
-    seq_len: int = typer.Option(None, "--seq-len", "-s", help="Sequence length in tokens (unless varied) [4096]."),
-    precision: str = o.PRECISION,
-    framework: str = o.FRAMEWORK,
-    out: str = typer.Option(None, "--out", "-o", help="Write the rows to a .csv (or .parquet, with pyarrow) file."),
-    plot_path: str = typer.Option(None, "--plot", help="Also draw MFU, step time, degrees and headroom (.png/.svg/"
-                                                       ".pdf)."),
-    workers: int = typer.Option(None, "--workers", help="Processes, at most 256 (default: all cores above 8 "
-                                                        "points)."),
+    flags: PlanFlags,
+    vary: list[str] = typer.Option(..., "--vary", "-v", metavar="VARIABLE=VALUES",
+                                   help="Once or twice. Variables: chips, global_batch, seq_len, model, hardware. "
+                                        "Values: a list (256,512) or a range start:stop:xF (geometric) or "
+                                        "start:stop:+S. At most 2000 points in all."),
+    out: str = typer.Option(None, "--out", "-o", metavar="FILE",
+                            help="Write the rows to a .csv (or .parquet, with pyarrow) file."),
+    plot_path: str = typer.Option(None, "--plot", metavar="FILE",
+                                  help="Also draw MFU, step time, degrees and headroom (.png, .svg or .pdf)."),
+    workers: int = typer.Option(None, "--workers", help="Processes, at most 256.",
+                                show_default="all cores above 8 points"),
     as_json: bool = o.JSON,
 ) -> None:
-    """The planner's best plan at each point of a grid over one or two variables, as a table, file and plot."""
-    from planner.sweep import MAX_WORKERS, SweepBase, parse_vary, points
+    """The planner's best plan at each point of a grid over one or two variables, as a table, file and plot.
+
+    The fixed part of the grid comes from the flags, or from --plan / --from-maxtext / --from-megatron (its model,
+    hardware, chips, batch, sequence length, precision and framework; the flags and the swept variables over it).
+    """
+    from planner.sweep import MAX_WORKERS, parse_vary, points
 
     _check_sweep_outputs(out, plot_path)
     axes = [parse_vary(v) for v in vary]
-    for name, v in (("--chips", chips), ("--global-batch", global_batch), ("--seq-len", seq_len),
+    for name, v in (("--chips", flags.chips), ("--global-batch", flags.global_batch), ("--seq-len", flags.seq_len),
                     ("--workers", workers)):
         if v is not None:
             o.positive(name, v)
     if workers is not None and workers > MAX_WORKERS:
         raise InputError(f"--workers: expected at most {MAX_WORKERS}, got {workers:,}")
-    given = {"model": model, "hardware": hardware, "chips": chips, "global_batch": global_batch, "seq_len": seq_len}
-    hardware, seq_len = hardware or "tpu-v5p", seq_len or 4096
-    Job(seq_len=seq_len, global_batch=global_batch or 1, precision=precision, framework=framework)  # validate
-    base = SweepBase(model=model or "", hardware=hardware, chips=chips, global_batch=global_batch, seq_len=seq_len,
-                     precision=precision, framework=framework)
-    if model:
-        from costmodel.catalog import load_model
-
-        load_model(model)
+    base = _sweep_base(flags)
+    given = {"model": flags.model, "hardware": flags.hardware, "chips": flags.chips,
+             "global_batch": flags.global_batch, "seq_len": flags.seq_len}
     pts = points(base, axes, given)
+    notes = _default_frameworks(pts) if flags.framework is None and flags.source is None else []
     rows = _run_with_progress(pts, workers)
     varied = [a.name for a in axes]
-    _write_sweep(rows, varied, out, plot_path, f"{model or 'models'} on {hardware}: best plan per point")
+    _write_sweep(rows, varied, out, plot_path, f"{base.model or 'models'} on {base.hardware}: best plan per point")
     if as_json:
-        print_json({"varied": varied, "rows": rows, "out": out, "plot": plot_path})
+        print_json({"varied": varied, "rows": rows, "out": out, "plot": plot_path, "notes": notes})
         return
+    print_notes(notes)
     console = Console()
     console.print(_sweep_table(rows, varied))
     for p, what in ((out, "rows"), (plot_path, "figure")):
         if p:
             console.print(f"wrote {what} to {escape(str(p))}")
+
+
+def _sweep_base(flags: PlanFlags):
+    """The fixed part of the grid (planner.sweep.SweepBase): the plan source's job with the flags over it, or the
+    flags with the defaults of cli.plan_flags (framework: filled in per point when not given)."""
+    from planner.sweep import SweepBase
+
+    if flags.source is None:
+        hardware, seq_len = flags.hardware or DEFAULTS["hardware"], flags.seq_len or DEFAULTS["seq_len"]
+        precision, framework = flags.precision or DEFAULTS["precision"], flags.framework or "maxtext"
+        Job(seq_len=seq_len, global_batch=flags.global_batch or 1, precision=precision, framework=framework)
+        if flags.model:
+            from costmodel.catalog import load_model
+
+            load_model(flags.model)
+        return SweepBase(model=flags.model or "", hardware=hardware, chips=flags.chips,
+                         global_batch=flags.global_batch, seq_len=seq_len, precision=precision, framework=framework)
+    from planner.planfile import hardware_ref_for, model_ref_for
+
+    r = resolve_plan(flags)
+    model = flags.model or model_ref_for(r.model)
+    hardware = flags.hardware or hardware_ref_for(r.chip)
+    for flag, ref in (("--model", model), ("--hardware", hardware)):
+        if not ref:
+            raise InputError(f"{flag}: required: the {flags.source[0]} source's {flag[2:]} is no preset, and the "
+                             "sweep's points name theirs")
+    return SweepBase(model=model, hardware=hardware, chips=r.chips, global_batch=r.job.global_batch,
+                     seq_len=r.job.seq_len, precision=r.job.precision, framework=r.job.framework)
+
+
+def _default_frameworks(pts: list[dict]) -> list[str]:
+    """Each point's framework by its hardware's vendor (planner.solve.default_framework), set in place; the notes
+    that say so. A hardware name that does not load keeps maxtext (its row says what is wrong)."""
+    from hardware.catalog import load_hardware
+    from planner.solve import default_framework
+
+    by_name: dict[str, tuple[str, str]] = {}
+    for p in pts:
+        if p["hardware"] not in by_name:
+            try:
+                chip = load_hardware(p["hardware"])
+                by_name[p["hardware"]] = (default_framework(chip), chip.vendor.upper())
+            except InputError:
+                by_name[p["hardware"]] = ("maxtext", "")
+        p["framework"] = by_name[p["hardware"]][0]
+    used = sorted({v for v in by_name.values() if v[1]})
+    return [f"framework {fw}: the default on {vendor}s (--framework to change)" for fw, vendor in used]
 
 
 def _check_sweep_outputs(out: str | None, plot_path: str | None) -> None:

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from cli import options as o
 from cli.main import app
+from cli.plan_flags import plan_from
 from cli.render import plan_dict, plan_summary, print_json
 from costmodel.estimate import estimate as estimate_cost
 from costmodel.goodput import (
@@ -27,13 +28,15 @@ from hardware.errors import InputError
 
 GIB = 2**30
 
-MTBF = typer.Option(None, "--mtbf-hours", help="Chip MTBF in hours (job-interrupting failures per chip). Default: "
-                    "50,677 h from Llama 3 (419 interruptions, 54 days, 16,384 H100).")
+MTBF = typer.Option(None, "--mtbf-hours", help="Chip MTBF in hours (job-interrupting failures per chip).",
+                    show_default="50,677 h from Llama 3: 419 interruptions in 54 days on 16,384 H100s")
 SPARES = typer.Option(0, "--spares", help="Hot-spare chips (used in whole hosts) that replace failed ones at once.")
-RESTART = typer.Option(DEFAULT_RESTART_S / 60, "--restart-min", help="Minutes from a failure to resuming, before "
-                                                                     "the checkpoint read (ASSUMED default).")
-REPLACE = typer.Option(DEFAULT_REPLACE_S / 60, "--replace-min", help="Extra minutes waiting for a replacement host "
-                                                                     "when no hot spare is free (ASSUMED default).")
+RESTART = typer.Option(DEFAULT_RESTART_S / 60, "--restart-min",
+                       help="Minutes from a failure to resuming, before the checkpoint read (an assumed value, "
+                            "not a measured one).")
+REPLACE = typer.Option(DEFAULT_REPLACE_S / 60, "--replace-min",
+                       help="Extra minutes waiting for a replacement host when no hot spare is free (an assumed "
+                            "value, not a measured one).")
 REPAIR = typer.Option(DEFAULT_REPAIR_H, "--repair-hours", help="Hours a failed host is out before it is a spare again.")
 CK_WRITE = typer.Option(DEFAULT_CKPT_PER_CHIP_BPS / 1e9, "--ckpt-write-gbps",
                         help="Checkpoint write bandwidth per chip, GB/s.")
@@ -41,7 +44,8 @@ CK_READ = typer.Option(DEFAULT_CKPT_PER_CHIP_BPS / 1e9, "--ckpt-read-gbps",
                        help="Checkpoint read (restore) bandwidth per chip, GB/s.")
 CK_AGG = typer.Option(DEFAULT_CKPT_AGGREGATE_BPS / 1e9, "--ckpt-storage-gbps",
                       help="Storage cap on checkpoint bandwidth for the whole job, GB/s (Llama 3: 2,000 sustained).")
-INTERVAL = typer.Option(None, "--checkpoint-min", help="Checkpoint interval in minutes (default: Young's optimum).")
+INTERVAL = typer.Option(None, "--checkpoint-min", help="Checkpoint interval in minutes.",
+                        show_default="Young's optimum")
 
 
 def make_reliability(mtbf_hours: float | None, spares: int, restart_min: float, replace_min: float,
@@ -123,21 +127,20 @@ PLAN_FILE_GIVES = ("model", "hardware", "chips", "seq_len", "global_batch", "dp"
 @app.command("goodput")
 def goodput_cmd(
     ctx: typer.Context,
-    model: str = typer.Option(None, "--model", "-m", help="Preset name, model YAML path, or a size such as 1T."),
+    model: str = o.option("model", help="Preset name, model YAML path, or a size such as 1T."),
     hardware: str = o.HARDWARE,
-    chips: int = typer.Option(None, "--chips", "-n", help="Number of chips."),
-    plan_file: str = typer.Option(None, "--plan", "-p", help="A plan file instead of the model/plan flags."),
+    chips: int = o.option("chips", help="Number of chips."),
+    plan_file: str = o.option("plan_file", help="A plan file instead of the model and plan flags."),
     seq_len: int = o.SEQ_LEN,
-    global_batch: int = typer.Option(None, "--global-batch", "-b", help="Sequences per step (default ~4M tokens)."),
-    dp: int = typer.Option(1, "--dp"), fsdp: int = typer.Option(1, "--fsdp"), tp: int = typer.Option(1, "--tp"),
-    cp: int = typer.Option(1, "--cp"), pp: int = typer.Option(1, "--pp"), ep: int = typer.Option(1, "--ep"),
-    vpp: int = typer.Option(1, "--vpp"), micro_batch: int = typer.Option(1, "--micro-batch"),
-    zero: int = typer.Option(0, "--zero"), remat: str = typer.Option("full", "--remat"),
-    offload: list[str] = typer.Option(None, "--offload"), slices: int = typer.Option(1, "--slices"),
-    no_sp: bool = typer.Option(False, "--no-sequence-parallel"),
+    global_batch: int = o.option("global_batch", help="Sequences per step.", show_default="about 4M tokens"),
+    dp: int = o.option("dp"), fsdp: int = o.option("fsdp"), tp: int = o.option("tp"), cp: int = o.option("cp"),
+    pp: int = o.option("pp"), ep: int = o.option("ep"), vpp: int = o.option("vpp"),
+    micro_batch: int = o.option("micro_batch"), zero: int = o.option("zero"), remat: str = o.option("remat"),
+    offload: list[str] = o.option("offload"), slices: int = o.option("slices"), no_sp: bool = o.option("no_sp"),
     precision: str = o.PRECISION,
     framework: str = o.FRAMEWORK,
-    train_tokens: str = typer.Option(None, "--train-tokens", help="Tokens to train, e.g. 15T, 300B, 2.5e12."),
+    train_tokens: str = typer.Option(None, "--train-tokens", metavar="COUNT",
+                                     help="Tokens to train, e.g. 15T, 300B, 2.5e12."),
     price: float = typer.Option(None, "--price-per-chip-hour", help="Price of one chip-hour (any currency)."),
     mtbf_hours: float = MTBF, spares: int = SPARES, restart_min: float = RESTART, replace_min: float = REPLACE,
     repair_hours: float = REPAIR, ckpt_write_gbps: float = CK_WRITE, ckpt_read_gbps: float = CK_READ,
@@ -158,9 +161,10 @@ def goodput_cmd(
         m, chip, job, plan, n, source = pf.model, pf.hardware, pf.job, pf.plan, pf.chips, plan_file
         check_spares(spares, n)
     else:
+        plan = plan_from(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
+                         remat=remat, offload=tuple(offload or ()), slices=slices, no_sp=no_sp)
         m, chip, job, plan, n, source = _flags_plan(model, hardware, chips, seq_len, global_batch, spares, precision,
-                                                    framework, o.make_plan(dp, fsdp, tp, cp, pp, ep, vpp, micro_batch,
-                                                                           zero, remat, offload, slices, not no_sp))
+                                                    framework, plan)
     cost = estimate_cost(m, chip, job, plan, n)
     if not cost.fits:
         typer.echo(f"warning: the plan does not fit in memory (over by {cost.overflow_bytes / GIB:.1f} GiB per chip)",
@@ -210,9 +214,9 @@ def _flags_plan(model: str | None, hardware: str, chips: int | None, seq_len: in
 
 @app.command("replan")
 def replan_cmd(
-    plan_file: str = typer.Option(..., "--plan", "-p", help="The running job's plan file."),
+    plan_file: str = typer.Option(..., "--plan", "-p", metavar="FILE", help="The running job's plan file."),
     chips: int = typer.Option(..., "--chips", "-n", help="The new chip count (after losing or adding chips)."),
-    out: str = typer.Option(None, "--out", "-o", help="Write the new plan file here (.json for JSON)."),
+    out: str = typer.Option(None, "--out", "-o", metavar="FILE", help="Write the new plan file here (.json for JSON)."),
     mtbf_hours: float = MTBF, restart_min: float = RESTART, ckpt_read_gbps: float = CK_READ,
     ckpt_storage_gbps: float = CK_AGG,
     as_json: bool = o.JSON,

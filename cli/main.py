@@ -8,13 +8,61 @@ import typer
 
 from hardware.errors import InputError, escape
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# Help as plain click text (rich_markup_mode=None): paragraphs re-wrapped to the terminal, and "[...]" in a help
+# string printed as written (rich markup read "[about 4M tokens]" as a tag and dropped it, leaving " .").
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Performance simulator and auto-parallel planner for LLM training.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"planner {version('llm-planner')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("planner (version unknown: the llm-planner package is not installed)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                      help="Print the planner's version and exit."),
+) -> None:
+    """Performance simulator and auto-parallel planner for LLM training."""
 
 
 def _register() -> None:
     """Attach the command groups (each module adds its commands to `app`)."""
     from cli import catalog_cmds, estimate_cmds, explore_cmds, goodput_cmds, plan_cmds, suggest_cmds, validate_cmds  # noqa: F401
+
+
+# type name (typer's bare type, or click's type name in older typer) -> the metavar shown in --help
+TYPE_METAVARS = {"int": "N", "integer": "N", "float": "NUM", "str": "TEXT", "text": "TEXT", "list[str]": "TEXT"}
+
+
+def plain_metavars(command: object) -> object:
+    """`command` (the app's click group) with its help free of type noise: flags (--json, --help) and arguments
+    (named by their metavar) show no type, and a value option without its own metavar shows N, NUM or TEXT
+    instead of typer's <int>, <float>, <str>."""
+    commands = getattr(command, "commands", {})
+    for sub in commands.values():
+        plain_metavars(sub)
+    help_option = command.get_help_option(command.context_class(command))
+    for p in [*command.params, *([help_option] if help_option else [])]:
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+        elif p.param_type_name == "argument":  # its metavar names it; typer would add <str> beside it
+            p.display_type_rich = lambda ctx: None
+        elif p.metavar is None:
+            p.metavar = TYPE_METAVARS.get(_type_name(p), p.metavar)
+    return command
+
+
+def _type_name(param: object) -> str:
+    bare = getattr(param, "bare_type", None)
+    return bare() if bare else getattr(getattr(param, "type", None), "name", "")
 
 
 MAX_ERROR_CHARS = 400
@@ -31,9 +79,10 @@ def main() -> None:
         _register()
         from cli.options import repeated_option
 
-        if twice := repeated_option(typer.main.get_command(app), sys.argv[1:]):
+        command = plain_metavars(typer.main.get_command(app))
+        if twice := repeated_option(command, sys.argv[1:]):
             raise InputError(twice)
-        code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n in this mode
+        code = command(standalone_mode=False, prog_name="planner")  # typer.Exit(n) in a command comes back as n
     except InputError as e:
         typer.echo(f"error: {one_line(str(e))}", err=True)
         sys.exit(2)
@@ -48,7 +97,8 @@ def main() -> None:
         except ImportError:  # typer >= 0.25 vendors click
             from typer import _click as click
 
-        if isinstance(e, click.exceptions.NoArgsIsHelpError):
+        if isinstance(e, click.exceptions.NoArgsIsHelpError):  # `planner` alone: its help, exit 0
+            typer.echo(e.format_message())
             sys.exit(0)
         if isinstance(e, click.ClickException):
             typer.echo(f"error: {one_line(e.format_message())}", err=True)

@@ -3,24 +3,83 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import typer
 
 from costmodel.catalog import load_model
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import Plan, parse_remat
+from costmodel.plan import parse_remat
 from hardware.catalog import load_hardware
 from hardware.chip import Chip
 from hardware.errors import InputError
 
-MODEL = typer.Option(..., "--model", "-m", help="Preset name, a model YAML path, or a size such as 70B or 1T.")
-HARDWARE = typer.Option("tpu-v5p", "--hardware", "-H", help="Hardware preset name or a profile YAML path.")
-SEQ_LEN = typer.Option(4096, "--seq-len", "-s", help="Sequence length in tokens.")
-PRECISION = typer.Option("bf16", "--precision", help="Matmul precision: bf16, fp8 or int8.")
-FRAMEWORK = typer.Option("maxtext", "--framework",
-                         help="State/collective conventions: maxtext, megatron, pytorch-fsdp or deepspeed.")
+FRAMEWORK_DEFAULT = "maxtext on TPUs, megatron on GPUs"  # planner.solve.default_framework
+
+# Defaults where no flag and no plan source gives a value (shown in --help as typer's "[default: x]").
+DEFAULTS: dict[str, Any] = {"hardware": "tpu-v5p", "seq_len": 4096, "dp": 1, "fsdp": 1, "tp": 1, "cp": 1, "pp": 1,
+                            "ep": 1, "vpp": 1, "micro_batch": 1, "zero": 0, "remat": "full", "slices": 1,
+                            "vocab_tiles": 1, "precision": "bf16", "weight_dtype": "float32"}
+
+# The plan flags (cli.plan_flags, also suggest's and goodput's): name -> (option names, type, metavar, help).
+OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
+    "plan_file": (("--plan", "-p"), str, "FILE", "A plan file (suggest --save, estimate --save-plan) to start from; "
+                  "flags given here override its values."),
+    "from_maxtext": (("--from-maxtext",), str, "FILE", "A MaxText config (maxtext 0.2.5 keys) to start from; flags "
+                     "given here override it."),
+    "from_megatron": (("--from-megatron",), str, "FILE", "Megatron-LM pretrain_gpt.py arguments (an args file, bash "
+                      "array or command line) to start from; flags given here override them."),
+    "model": (("--model", "-m"), str, "NAME", "Preset name, a model YAML path, or a size such as 70B or 1T; required "
+              "without a plan source."),
+    "hardware": (("--hardware", "-H"), str, "NAME", "Hardware preset name or a profile YAML path."),
+    "chips": (("--chips", "-n"), int, "N", "Number of chips, the product of the degrees; required without a plan "
+              "source."),
+    "seq_len": (("--seq-len", "-s"), int, "N", "Sequence length in tokens."),
+    "global_batch": (("--global-batch", "-b"), int, "N", "Sequences per optimizer step; required without a plan "
+                     "source."),
+    "dp": (("--dp",), int, "N", "Data-parallel degree (replicated weights)."),
+    "fsdp": (("--fsdp",), int, "N", "Fully-sharded data-parallel degree."),
+    "tp": (("--tp",), int, "N", "Tensor-parallel degree."),
+    "cp": (("--cp",), int, "N", "Context (sequence) parallel degree."),
+    "pp": (("--pp",), int, "N", "Pipeline-parallel degree."),
+    "ep": (("--ep",), int, "N", "Expert-parallel degree (MoE only)."),
+    "vpp": (("--vpp",), int, "N", "Virtual pipeline stages per pipeline rank."),
+    "micro_batch": (("--micro-batch",), int, "N", "Sequences per micro-step per model replica."),
+    "zero": (("--zero",), int, "N", "ZeRO stage over the dp axis (0-3)."),
+    "remat": (("--remat",), str, "POLICY", "none, selective, full, a MaxText policy, or custom:tensor=choice,..."),
+    "offload": (("--offload",), list[str], "ITEMS", "optimizer, params, or remat tensors to offload to host memory "
+                "(comma list, repeatable)."),
+    "slices": (("--slices",), int, "N", "TPU slices joined over DCN."),
+    "vocab_tiles": (("--vocab-tiles",), int, "N", "Compute logits and loss in this many token chunks (MaxText "
+                    "num_vocab_tiling)."),
+    "no_sp": (("--no-sequence-parallel",), bool, "", "Disable sequence parallelism on tp."),
+    "precision": (("--precision",), str, "NAME", "Matmul precision: bf16, fp8 or int8."),
+    "framework": (("--framework",), str, "NAME", "State and collective conventions: maxtext, megatron, pytorch-fsdp "
+                  "or deepspeed."),
+    "weight_dtype": (("--weight-dtype",), str, "NAME", "MaxText weight_dtype: float32 or bfloat16 (bf16 weights and "
+                     "Adam moments)."),
+}
+
+
+def option(name: str, defaults: Mapping[str, Any] = DEFAULTS, **over: Any) -> Any:
+    """The typer.Option of plan flag `name`: its default from `defaults` shown in --help, `over` replacing any of
+    the Option's arguments (help, show_default, ...)."""
+    names, _, metavar, help_text = OPTIONS[name]
+    kw: dict[str, Any] = {"help": help_text, "metavar": metavar or None}
+    if name == "framework":
+        kw["show_default"] = FRAMEWORK_DEFAULT
+    kw.update(over)
+    default = kw.pop("default", False if name == "no_sp" else defaults.get(name))
+    return typer.Option(default, *names, **kw)
+
+
+MODEL = option("model", default=..., help="Preset name, a model YAML path, or a size such as 70B or 1T.")
+HARDWARE = option("hardware")
+SEQ_LEN = option("seq_len")
+PRECISION = option("precision")
+FRAMEWORK = option("framework", default="maxtext", show_default=True)
 JSON = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
 
 
@@ -124,32 +183,6 @@ def weight_dtype_over(weight_dtype: str | None, framework: str, base: Job) -> st
     """--weight-dtype over a plan file's job: given, else the file's under MaxText (the only framework with fp32
     weights as a setting), else float32."""
     return weight_dtype or (base.weight_dtype if framework == "maxtext" else "float32")
-
-
-def make_plan(dp: int, fsdp: int, tp: int, cp: int, pp: int, ep: int, vpp: int, micro_batch: int, zero: int,
-              remat: str, offload: list[str] | None, slices: int, sequence_parallel: bool = True,
-              vocab_tiles: int = 1) -> Plan:
-    """Plan from flags. --offload takes 'optimizer', 'params' and/or tensor names (e.g. qkv_proj). Degrees and
-    slices are at most planner.candidates.MAX_CHIPS."""
-    from planner.candidates import MAX_CHIPS
-
-    for name, v in (("--dp", dp), ("--fsdp", fsdp), ("--tp", tp), ("--cp", cp), ("--pp", pp), ("--ep", ep),
-                    ("--vpp", vpp), ("--slices", slices)):
-        positive(name, v, MAX_CHIPS)
-    for name, v in (("--micro-batch", micro_batch), ("--vocab-tiles", vocab_tiles)):
-        positive(name, v)
-    if math.prod((dp, fsdp, tp, cp, pp, ep)) > MAX_CHIPS:
-        raise InputError(f"--dp {dp} --fsdp {fsdp} --tp {tp} --cp {cp} --pp {pp} --ep {ep}: the degrees multiply "
-                         f"to {math.prod((dp, fsdp, tp, cp, pp, ep)):,} chips; expected at most {MAX_CHIPS:,}")
-    policy = parse_remat(remat)
-    items = offload_items(offload, remat)
-    tensors = [t for t in items if t not in ("optimizer", "params")]
-    if tensors:
-        spec = ",".join(f"{t}={'offload' if t in tensors else c}" for t, c in policy.choices().items())
-        policy = parse_remat("custom:" + spec)
-    return Plan(dp=dp, fsdp=fsdp, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=micro_batch, zero=zero,
-                sequence_parallel=sequence_parallel, remat=policy, offload_optimizer="optimizer" in items,
-                offload_params="params" in items, slices=slices, vocab_tiles=vocab_tiles)
 
 
 def offload_items(offload: list[str] | None, remat: str = "full") -> dict[str, str]:

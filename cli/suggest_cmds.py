@@ -245,36 +245,36 @@ def suggest(
     chips: int = typer.Option(..., "--chips", "-n", help="Number of chips for the job."),
     hardware: str = o.HARDWARE,
     seq_len: int = o.SEQ_LEN,
-    global_batch: int = typer.Option(None, "--global-batch", "-b",
-                                     help="Sequences per optimizer step [about 4M tokens, rounded to fit chips]."),
-    tokens_per_batch: str = typer.Option(None, "--tokens-per-batch",
+    global_batch: int = o.option("global_batch", help="Sequences per optimizer step.",
+                                 show_default="about 4M tokens, rounded to fit the chips"),
+    tokens_per_batch: str = typer.Option(None, "--tokens-per-batch", metavar="TOKENS",
                                          help="Tokens per step instead of --global-batch, e.g. 4M (= 4*2^20)."),
-    slices: int = typer.Option(None, "--slices", help="TPU slices over DCN [the fewest that form --chips]."),
+    slices: int = o.option("slices", default=None, show_default="the fewest that form --chips"),
     top: int = typer.Option(5, "--top", "-k", help="How many plans to list."),
     max_tp: int = typer.Option(None, "--max-tp", help="Largest tensor-parallel degree to consider."),
-    fix: str = typer.Option(None, "--fix",
+    fix: str = typer.Option(None, "--fix", metavar="KEY=VALUE,...",
                             help="Pin choices: comma list of key=value; keys dp, fsdp, tp, cp, pp, ep, vpp, "
                                  "micro_batch (mb), zero, remat (a policy name), offload_optimizer, offload_params."),
-    framework: str = typer.Option(None, "--framework",
-                                  help="State/collective conventions: maxtext, megatron, pytorch-fsdp or deepspeed "
-                                       "[maxtext on TPUs, megatron on GPUs]."),
+    framework: str = o.option("framework", default=None),
     precision: str = o.PRECISION,
     exhaustive: bool = typer.Option(False, "--exhaustive", help="Solve every mesh candidate (no pruning; a check "
                                     "of the default search, seconds to minutes)."),
     as_json: bool = o.JSON,
-    save: str = typer.Option(None, "--save", help="Write the best plan as a plan file (YAML, or JSON for .json)."),
-    export: str = typer.Option(None, "--export",
+    save: str = typer.Option(None, "--save", metavar="FILE",
+                             help="Write the best plan as a plan file (YAML, or JSON for .json)."),
+    export: str = typer.Option(None, "--export", metavar="FORMAT",
                                help="Also export the best plan: maxtext, megatron or json (maxtext/megatron: the "
                                     "search keeps to plans that framework runs exactly as costed)."),
-    out: str = typer.Option(None, "--out", "-o", help="File for --export (default: stdout after the tables)."),
-    train_tokens: str = typer.Option(None, "--train-tokens",
+    out: str = typer.Option(None, "--out", "-o", metavar="FILE", help="File for --export.",
+                            show_default="standard output, after the tables"),
+    train_tokens: str = typer.Option(None, "--train-tokens", metavar="COUNT",
                                      help="Rank the plans by expected days to train this many tokens (e.g. 15T), "
                                           "failures and checkpoints included, instead of by step time."),
     price: float = typer.Option(None, "--price", help="Price per chip-hour, for the cost column of --train-tokens."),
     headroom: float = typer.Option(5.0, "--headroom", help="Percent of the usable HBM a plan must leave free to be "
                                    "listed first; plans that fit only inside it follow, marked *."),
     rank: str = typer.Option("conservative", "--rank", help="conservative: by the slow end of each plan's 80 % "
-                             "step-time range; expected: by the predicted step time."),
+                             "step-time range; expected: by the predicted step time.", metavar="ORDER"),
 ) -> None:
     """Search meshes, micro-batching, remat and offload for the fastest plans that fit in memory."""
     from planner.candidates import default_batch_for, parse_fix

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import typer
 
 from cli import options as o
 from cli.main import app
+from cli.plan_flags import DEFAULTS, PlanFlags, resolve_plan, with_plan_flags
 from cli.render import print_json
 from hardware.errors import InputError
 
@@ -27,7 +29,8 @@ MAX_D_MODEL = 4096
 MAX_LAYERS = 64
 MAX_SEQ_LEN = 131072  # 128 K tokens (the real length under --target; the CPU stand-in defaults to 128)
 MAX_GRAD_ACCUM = 1024
-DEGREES = ("dp", "fsdp", "tp", "cp", "pp", "ep", "vpp", "micro_batch", "zero", "remat", "no_sp")
+SET_GIVES = ("plan_file", "from_maxtext", "from_megatron", "model", "chips", "dp", "fsdp", "tp", "cp", "pp", "ep",
+             "vpp", "micro_batch", "zero", "remat", "offload", "slices", "no_sp")  # what a --set names itself
 TARGET_IGNORES = ("devices", "steps", "grad_accum", "plan_timeout", "coordinator", "fast_compile", "calibrate_out",
                   "d_model", "layers")
 
@@ -58,13 +61,11 @@ def check_scale(scale: Scale) -> Scale:
     return scale
 
 
-def check_exclusive(ctx: typer.Context, plan_set: str, plan_file: str, target: str) -> None:
+def check_exclusive(ctx: typer.Context, plan_set: str, target: str) -> None:
     """Flags that another one would silently override are errors naming both: --set names its models and plans,
-    --plan its model and degrees, and --target compiles at full width without running anything."""
+    and --target compiles at full width without running anything."""
     if plan_set:
-        o.exclusive(ctx, "--set", ("plan_file", "target", "model", *DEGREES), "a plan set names its models and plans")
-    if plan_file:
-        o.exclusive(ctx, "--plan", ("model", *DEGREES), "the plan file gives the model and the degrees")
+        o.exclusive(ctx, "--set", ("target", *SET_GIVES), "a plan set names its models and plans")
     if target:
         o.exclusive(ctx, "--target", TARGET_IGNORES, "a TPU target compiles the full-width step and runs nothing")
 
@@ -79,32 +80,29 @@ def _fmt(v: float | None, quantity: str) -> str:
     return f"{v:.4g}"
 
 
+VALIDATE_OMIT = ("seq_len", "global_batch", "precision", "framework", "weight_dtype", "vocab_tiles")  # its own job
+VALIDATE_DEFAULTS = {**DEFAULTS, "model": "llama3-8b", "hardware": "cpu-host"}
+
+
 @app.command()
+@with_plan_flags(omit=VALIDATE_OMIT, defaults=VALIDATE_DEFAULTS,
+                 model={"help": "Preset name, a model YAML path or a size (run scaled down)."},
+                 hardware={"help": "The profile the predictions use (also over a plan source's)."},
+                 chips={"help": "Number of devices the plan runs on, the product of the degrees."},
+                 pp={"help": "Pipeline-parallel degree (GPipe stages; layers must divide by it)."},
+                 vpp={"help": "Pipeline repeats per stage (MaxText's circular pipeline; with pp)."})
 def validate(
     ctx: typer.Context,
-    model: str = typer.Option("llama3-8b", "--model", "-m", help="Preset name or model YAML (scaled down)."),
-    hardware: str = typer.Option("cpu-host", "--hardware", "-H", help="Profile the predictions use."),
-    dp: int = typer.Option(1, "--dp", help="Data-parallel degree."),
-    fsdp: int = typer.Option(1, "--fsdp", help="Fully-sharded data-parallel degree."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
-    cp: int = typer.Option(1, "--cp", help="Context (sequence) parallel degree."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree (GPipe stages; layers must divide by it)."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE only)."),
-    vpp: int = typer.Option(1, "--vpp", help="Pipeline repeats per stage (MaxText's circular pipeline; with pp)."),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-step per model replica."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO stage over the dp axis (0-3)."),
-    remat: str = typer.Option("full", "--remat", help="none, selective, full, a MaxText policy, or custom:t=c,..."),
-    no_sp: bool = typer.Option(False, "--no-sequence-parallel", help="Disable sequence parallelism on tp."),
-    plan_file: str = typer.Option("", "--plan", help="A plan file (planner plan files); its model and degrees."),
-    plan_set: str = typer.Option("", "--set", help="Validate a named plan set instead (quick, cpu8)."),
+    flags: PlanFlags,
+    plan_set: str = typer.Option("", "--set", metavar="NAME", help="Validate a named plan set instead (quick, cpu8)."),
     devices: int = typer.Option(8, "--devices", help="Host-platform devices to create (CPU) / to use; with "
                                 "--num-processes, the global count."),
     grad_accum: int = typer.Option(0, "--grad-accum", help="Micro-batches per step of a pipeline plan (0: pp)."),
     plan_timeout: float = typer.Option(0.0, "--plan-timeout",
                                        help="Seconds a plan's compile may take before it is reported as timed out "
                                             "(0: no limit); the other plans still run."),
-    coordinator: str = typer.Option("", "--coordinator", envvar="PLANNER_COORDINATOR",
-                                    help="HOST:PORT of process 0: run as one JAX program over several processes "
+    coordinator: str = typer.Option("", "--coordinator", envvar="PLANNER_COORDINATOR", metavar="HOST:PORT",
+                                    help="Process 0's address: run as one JAX program over several processes "
                                          "(jax.distributed.initialize; gloo collectives on CPU)."),
     num_processes: int = typer.Option(1, "--num-processes", envvar="PLANNER_NUM_PROCESSES",
                                       help="Processes of a multi-process run (with --coordinator)."),
@@ -113,26 +111,31 @@ def validate(
     steps: int = typer.Option(3, "--steps", help="Timed steps after one warm-up step (0: compile only)."),
     d_model: int = typer.Option(128, "--d-model", help="Width of the scaled-down model."),
     layers: int = typer.Option(2, "--layers", help="Layers of the scaled-down model."),
-    seq_len: int = typer.Option(128, "--seq-len", help="Sequence length of the scaled-down job."),
+    seq_len: int = typer.Option(128, "--seq-len", "-s", help="Sequence length of the scaled-down job; under "
+                                "--target the real one (then the plan source's, else 4096)."),
     fast_compile: bool = typer.Option(False, "--fast-compile/--full-opt",
                                       help="XLA backend optimisation level 0: halves CPU compile time, but steps "
                                            "run slower than the calibrated profile expects."),
-    calibrate_out: str = typer.Option("", "--calibrate-out",
+    calibrate_out: str = typer.Option("", "--calibrate-out", metavar="FILE",
                                       help="Time the plans in interleaved rounds, fit the profile's efficiencies "
                                            "to them and write the calibrated profile here (a --hardware file)."),
-    target: str = typer.Option("", "--target",
+    target: str = typer.Option("", "--target", metavar="TOPOLOGY",
                                help="Compile for a TPU topology instead (tpu-v5p:2x2x2, tpu-v6e:2x4, tpu-v5e:2x2; "
-                                    "needs libtpu, no TPU): full width, --seq-len is the real one (128 -> 4096)."),
+                                    "needs libtpu, no TPU): full width and the real sequence length."),
     as_json: bool = o.JSON,
 ) -> None:
-    """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model."""
-    from costmodel.catalog import load_model
+    """Compile and run a plan on JAX devices; compare FLOPs, memory and collectives with the cost model.
+
+    The plan comes from the plan flags of `planner estimate` (a plan source and the degrees given over it); the
+    validator builds its own scaled-down job from the plan (one micro-batch per batch shard, bf16, MaxText
+    conventions), so it takes no job flags.
+    """
     from costmodel.constraints import check_plan
     from hardware.catalog import load_hardware
     from planner.validate.scale import Scale, check_devices, scale_down
 
     check_counts(devices, steps, num_processes, process_id, coordinator)
-    check_exclusive(ctx, plan_set, plan_file, target)
+    check_exclusive(ctx, plan_set, target)
     if calibrate_out:
         from hardware.fileio import check_output_path
 
@@ -140,6 +143,7 @@ def validate(
     if not (plan_timeout >= 0 and math.isfinite(plan_timeout)):
         raise InputError(f"--plan-timeout: expected 0 (no limit) or a positive number of seconds, got {plan_timeout}")
     scale = check_scale(Scale(d_model=d_model, n_layers=layers, seq_len=seq_len, micro_steps=grad_accum))
+    hardware = flags.hardware or VALIDATE_DEFAULTS["hardware"]
     chip = load_hardware(hardware)
     local_devices = devices
     if coordinator:
@@ -149,28 +153,32 @@ def validate(
     if plan_set:
         runs = plan_set_runs(plan_set)
     else:
-        if plan_file:
-            from planner.planfile import load_plan
-
-            pf = load_plan(plan_file, check=False)
-            plan, m_full, label = pf.plan, pf.model, plan_file
-        else:
-            plan = o.make_plan(dp, fsdp, tp, cp, pp, ep, vpp, micro_batch, zero, remat, None, 1, not no_sp)
-            m_full, label = load_model(model), "plan"
-        runs = [(label, m_full, plan)]
+        r = resolve_validated(flags, hardware)
+        label = flags.source[1] if flags.source else "plan"
+        runs = [(label, r.model, r.plan)]
         if target:  # XLA:TPU ahead-of-time compile at full width (cli.validate_tpu_cmd)
-            from cli.validate_tpu_cmd import DEFAULT_SEQ, run_target
+            from cli.validate_tpu_cmd import run_target
 
-            seq = pf.job.seq_len if plan_file and seq_len == 128 else (DEFAULT_SEQ if seq_len == 128 else seq_len)
-            return run_target(target, plan, m_full, label, seq, as_json)
+            seq = seq_len if o.given(ctx, "seq_len") else r.job.seq_len
+            return run_target(target, r.plan, r.model, label, seq, as_json)
         # Bad input is checked before jax starts: one line saying what to change, exit 2 (the scaled job must also
         # pass the cost model's plan rules, which the comparison costs it by).
-        check_devices(plan, devices)
-        small, job, _ = scale_down(runs[0][1], plan, scale)
-        check_plan(small, chip, job, plan)
+        check_devices(r.plan, devices)
+        small, job, _ = scale_down(r.model, r.plan, scale)
+        check_plan(small, chip, job, r.plan)
     run_validation(runs, chip, hardware, scale, devices, local_devices=local_devices, steps=steps,
                    plan_timeout=plan_timeout, calibrate_out=calibrate_out, fast_compile=fast_compile,
                    coordinator=coordinator, num_processes=num_processes, process_id=process_id, as_json=as_json)
+
+
+def resolve_validated(flags: PlanFlags, hardware: str):
+    """The model and plan to validate (cli.plan_flags.resolve_plan, the file unchecked against its own hardware:
+    the plan runs scaled down here); --chips, when given, must equal the degrees' product."""
+    r = resolve_plan(replace(flags, hardware=hardware), required=(), defaults=VALIDATE_DEFAULTS, check=False)
+    if flags.chips is not None and flags.chips != r.plan.chips:
+        raise InputError(f"--chips {flags.chips}: the plan's degrees multiply to {r.plan.chips} devices; give "
+                         f"--chips {r.plan.chips} or change the degrees")
+    return r
 
 
 def run_validation(runs: list, chip, hardware: str, scale, devices: int, *, local_devices: int | None = None,

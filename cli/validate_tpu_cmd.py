@@ -13,8 +13,6 @@ import typer
 
 from cli.render import print_json
 
-DEFAULT_SEQ = 4096
-
 
 def run_target(target: str, plan, m_full, label: str, seq_len: int, as_json: bool) -> None:
     from planner.validate.tpu import check_tpu_plan, parse_target, require_libtpu, result_dict, validate_tpu

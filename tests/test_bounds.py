@@ -138,7 +138,7 @@ REPEATS = {
     "goodput --plan with --model": (("goodput", "--plan", "missing.yaml", "-m", "llama3-8b", "--fsdp", "8"),
                                     "--plan", "--model", "--fsdp"),
     "validate --set with degrees": (("validate", "--set", "quick", "--tp", "2"), "--set", "--tp"),
-    "validate --plan with --model": (("validate", "--plan", "missing.yaml", "-m", "llama3-8b"), "--plan", "--model"),
+    "validate --set with --plan": (("validate", "--set", "quick", "--plan", "missing.yaml"), "--set", "--plan"),
     "validate --target with --devices": (("validate", "--target", "tpu-v5p:2x2x2", "--devices", "4"), "--target",
                                          "--devices"),
 }

@@ -183,9 +183,10 @@ def test_cli_import_failed_write_keeps_the_old_file(tmp_path, monkeypatch, capsy
 def _no_work(monkeypatch) -> None:
     """Every search, estimate, plan load or fit fails the test if it is reached."""
     import cli.estimate_cmds
-    import cli.plan_cmds
     import costmodel.calibrate
     import planner.explain
+    import planner.import_configs
+    import planner.planfile
     import planner.solve
     import planner.sweep
 
@@ -193,7 +194,8 @@ def _no_work(monkeypatch) -> None:
         raise AssertionError("work started before the output path was checked")
 
     for mod, name in ((planner.solve, "search"), (planner.sweep, "run_points"), (cli.estimate_cmds, "estimate_cost"),
-                      (cli.plan_cmds, "load_plan"), (cli.plan_cmds, "import_config"), (planner.explain, "explain"),
+                      (planner.planfile, "load_plan"),
+                      (planner.import_configs, "import_config"), (planner.explain, "explain"),
                       (costmodel.calibrate, "_fit_group")):
         monkeypatch.setattr(mod, name, reached)
 
