@@ -57,8 +57,11 @@ def _torus_dim_choices(level: Level) -> list[int]:
 
 
 @cache
-def _shapes(dims: int, max_dim_list: tuple[int, ...], max_chips: int) -> dict[int, tuple[int, ...]]:
-    """The most cubic shape for each chip count that a slice can have."""
+def _shapes(dims: int, max_dim_list: tuple[int, ...], max_chips: int,
+            orderable: bool = True) -> dict[int, tuple[int, ...]]:
+    """The most cubic shape for each chip count that a slice can have; `orderable`: only the shapes Cloud TPU
+    offers (SUB_CUBE_SHAPES below a cube, no 1xN 2D slice), else also part of such a slice (a cost query on 1 or 2
+    chips of a v5p-8)."""
     best: dict[int, tuple[int, ...]] = {}
     for shape in itertools.combinations_with_replacement(max_dim_list, dims):
         n = math.prod(shape)
@@ -66,9 +69,9 @@ def _shapes(dims: int, max_dim_list: tuple[int, ...], max_chips: int) -> dict[in
             continue
         if dims == 3 and n >= 64 and any(d % 4 for d in shape):
             continue  # slices of 64+ chips are built from whole 4x4x4 cubes
-        if dims == 3 and n < 64 and tuple(sorted(shape)) not in SUB_CUBE_SHAPES:
+        if orderable and dims == 3 and n < 64 and tuple(sorted(shape)) not in SUB_CUBE_SHAPES:
             continue  # below one cube only these shapes are offered
-        if dims == 2 and n > 1 and min(shape) == 1:
+        if orderable and dims == 2 and n > 1 and min(shape) == 1:
             continue  # 2D slices: 1x1, then 2x2 and larger [G-v5e]
         key = (max(shape), shape)
         if n not in best or key < (max(best[n]), best[n]):
@@ -77,12 +80,17 @@ def _shapes(dims: int, max_dim_list: tuple[int, ...], max_chips: int) -> dict[in
 
 
 def slice_shape(chip: Chip, slice_chips: int) -> tuple[int, ...]:
-    """Torus shape of one slice of `slice_chips` chips (sorted ascending), or an InputError with near counts."""
+    """Torus shape of one slice of `slice_chips` chips (sorted ascending): an orderable one, else part of one (for
+    costing a plan on a few chips); an InputError with the nearest orderable sizes otherwise."""
     ici = chip.scale_up
     if ici.kind != "torus":
         return (slice_chips,)
-    shapes = _shapes(ici.torus_dims, tuple(_torus_dim_choices(ici)), ici.domain_chips)
+    choices = tuple(_torus_dim_choices(ici))
+    shapes = _shapes(ici.torus_dims, choices, ici.domain_chips)
     if slice_chips not in shapes:
+        part = _shapes(ici.torus_dims, choices, ici.domain_chips, orderable=False)
+        if slice_chips in part and slice_chips < min(n for n in shapes if n > 1):
+            return part[slice_chips]
         near = sorted(shapes, key=lambda n: (abs(n - slice_chips), n))[:5]
         raise InputError(f"chips per slice: {chip.name} cannot form a slice of {slice_chips} chips; "
                          f"nearest valid slice sizes: {', '.join(map(str, sorted(near)))}")
@@ -90,6 +98,7 @@ def slice_shape(chip: Chip, slice_chips: int) -> tuple[int, ...]:
 
 
 def valid_slice_sizes(chip: Chip) -> list[int]:
+    """Chip counts of the slices Cloud TPU offers for this generation."""
     ici = chip.scale_up
     if ici.kind != "torus":
         return []

@@ -43,3 +43,9 @@ def test_suggest_says_how_a_count_that_is_no_slice_is_formed():
     assert r.returncode == 0 and d["slices"] == 125
     assert any("125 slices of 8 chips (2x2x2) joined over DCN; nearest single-slice sizes: 960, 1024" in n
                for n in d["notes"])
+
+
+def test_a_plan_on_part_of_the_smallest_slice_can_still_be_costed():
+    v5p = load_hardware("tpu-v5p")
+    assert slice_shape(v5p, 1) == (1, 1, 1) and slice_shape(v5p, 2) == (1, 1, 2)
+    assert 1 not in valid_slice_sizes(v5p) and 2 not in valid_slice_sizes(v5p)
