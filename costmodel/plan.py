@@ -163,12 +163,6 @@ class Plan:
         return replace(self, **kw)
 
 
-# Frameworks that place an uneven number of layers on the pipeline stages: Megatron-LM (and NeMo on it) with
-# --decoder-first/last-pipeline-num-layers; DeepSpeed's PipelineModule (partition_method 'parameters' balances the
-# stages' parameter counts, the embedding's stages taking fewer layers). MaxText needs pp * vpp to divide n_layers.
-UNEVEN_PP_FRAMEWORKS = ("megatron", "deepspeed")
-
-
 def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
     """Layers on (the first, each middle, the last) pipeline stage; None when the layers cannot be split.
 

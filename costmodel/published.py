@@ -120,9 +120,11 @@ def _vocab_tiles(row: dict[str, str]) -> int:
 
 
 def _weight_dtype(row: dict[str, str], framework: str) -> str:
-    """'weight_dtype=bfloat16' in a MaxText row's notes (bf16 weights and moments)."""
+    """'weight_dtype=bfloat16' in the notes of a row whose framework has that setting (bf16 weights and moments)."""
+    from costmodel.framework import framework as record
+
     hit = re.search(r"weight_dtype[ =]\s*bfloat16", row.get("notes") or "")
-    return "bfloat16" if hit and framework == "maxtext" else "float32"
+    return "bfloat16" if hit and record(framework).bf16_state is not None else "float32"
 
 
 def _remat(row: dict[str, str]) -> str:

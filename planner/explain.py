@@ -242,7 +242,7 @@ REMAT_LADDER_MEGATRON = ("none", "selective", "save_qkv_proj", "full")
 
 def remat_ladder(job: Job) -> tuple[str, ...]:
     """Remat policies from lightest (most memory, least recompute) to heaviest."""
-    return REMAT_LADDER_MAXTEXT if job.framework == "maxtext" else REMAT_LADDER_MEGATRON
+    return REMAT_LADDER_MAXTEXT if job.fw.jax_remat else REMAT_LADDER_MEGATRON  # JAX remat policy names
 
 
 def remat_neighbours(remat: Remat, job: Job) -> tuple[str | None, str | None]:

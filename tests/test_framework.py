@@ -125,9 +125,8 @@ def test_fields_decide(monkeypatch):
 
 
 FRAMEWORK_TEST = re.compile(r"""framework\s*(==|!=|\bin\b|\bnot in\b)\s*[("']|maxtext_pipeline""")
-# Files outside this change that still compare names (listed for their owners): the exporters name their own
-# target; explain's remat ladder and the runs loader's weight_dtype rule are to read the record.
-PENDING = {"planner/export_maxtext.py", "planner/export_megatron.py", "planner/explain.py", "costmodel/published.py"}
+# The exporters name their own target format.
+PENDING = {"planner/export_maxtext.py", "planner/export_megatron.py"}
 
 
 def test_no_framework_name_comparisons_outside_the_registry():
