@@ -176,8 +176,13 @@ def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> fl
         # (Llama 3 405B over 16 stages: the second stage's 8 x 15, not 8 x 16), per layer of the busiest stage
         counts = stage_layer_counts(n_layers, plan.pp)
         return max(n * min(accum, plan.pp - s) for s, n in enumerate(counts)) / max(counts)
-    if plan.pp > 1:  # 1F1B: min(M, pp) in flight, more with interleaved stages
-        return min(accum, plan.pp) * ((1 + (plan.pp - 1) / (plan.pp * plan.vpp)) if plan.vpp > 1 else 1)
+    if plan.pp > 1 and plan.vpp > 1:
+        # interleaved 1F1B: the first rank runs 2 (pp - 1) + (vpp - 1) pp warm-up chunk passes and one more, at
+        # most all M * vpp of them (Megatron-LM schedules.py, forward_backward_pipelining_with_interleaving:
+        # num_warmup_microbatches capped at total_num_microbatches); a chunk holds 1 / vpp of the stage's layers
+        return min(accum * plan.vpp, plan.pp * plan.vpp + plan.pp - 1) / plan.vpp
+    if plan.pp > 1:  # 1F1B: min(M, pp) in flight
+        return min(accum, plan.pp)
     return 1.0
 
 

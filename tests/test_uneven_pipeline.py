@@ -183,6 +183,18 @@ def test_1f1b_in_flight_over_an_uneven_split():
     assert pipeline_inflight(meg, Plan(pp=16), 16, 128) == 16.0
 
 
+def test_interleaved_in_flight_is_capped_by_the_chunk_passes():
+    # Megatron's interleaved schedule: rank 0 warms up with 2 (pp - 1) + (vpp - 1) pp chunk passes plus one, at most
+    # all M * vpp; a chunk is half the stage's layers at vpp 2. pp 16, vpp 2: 2*15 + 16 + 1 = 47 chunk passes, 23.5
+    # stage micro-batches with M = 64; with M = 16 (Llama 3 405B: 16 sequences per DP rank) all 32 -> 16.
+    from costmodel.memory import pipeline_inflight
+
+    meg = Job(seq_len=8192, global_batch=2048, framework="megatron")
+    assert pipeline_inflight(meg, Plan(pp=16, vpp=2), 64, 128) == 23.5
+    assert pipeline_inflight(meg, Plan(pp=16, vpp=2), 16, 128) == 16.0
+    assert pipeline_inflight(meg, Plan(pp=4, vpp=4), 8, 128) == (4 * 4 + 4 - 1) / 4  # 19 of 32 chunk passes
+
+
 def test_the_memory_stage_is_the_one_with_the_most_weights_not_the_most_layers():
     # 9 layers, the first 3 dense, over 8 stages: (2, 1, 1) -> stage 0 holds 2 dense layers, stage 1 one dense,
     # the rest one MoE layer each. A MoE layer's 8 experts outweigh two dense layers, so memory is a MoE stage's:
