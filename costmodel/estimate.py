@@ -15,6 +15,7 @@ from costmodel.constraints import check_plan
 from costmodel.cost import Collective, Cost, Role
 from costmodel.flops import (
     ADAM_OPS,
+    QUANTIZED_OPS,
     Op,
     layer_ops,
     layer_vector_flops,
@@ -70,8 +71,12 @@ def group_time(links: list[AxisLink], kind: str, nbytes: float, chip: Chip, flat
 # ---- compute ----------------------------------------------------------------------------------------------
 
 def op_time(op: Op, chip: Chip, peak: float) -> float:
-    """Seconds for one op: FLOPs over peak times an efficiency that falls for small per-chip matmul dims."""
+    """Seconds for one op: FLOPs over peak times an efficiency that falls for small per-chip matmul dims. peak is
+    the job's (effective) peak; an op a low-precision run does not quantize (flops.QUANTIZED_OPS: attention, the
+    logits, the router) runs at no more than the bf16 peak."""
     e = chip.eff
+    if op.name not in QUANTIZED_OPS:
+        peak = min(peak, chip.peak_bf16_flops)
     if op.is_attention:  # fused (flash) attention: its own efficiency relative to large matmuls
         return op.flops / (peak * e.matmul_peak * e.attention)
     eff = e.matmul_peak * op.min_dim / (op.min_dim + e.matmul_half_dim)

@@ -64,6 +64,13 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
     return out
 
 
+# The ops a low-precision (fp8 / int8) run quantizes: the linear layers' GEMMs only. Attention and the logits stay
+# bf16 (Transformer Engine: fp8 covers TE Linear/LayerNormLinear/LayerNormMLP, DotProductAttention only with
+# fp8_dpa, default False; Megatron-Core's output layer is no TE module; torchao's Float8Linear skips the 'output'
+# projection; MaxText AQT int8 (layers/quantizations.py) wraps the DenseGeneral dot_generals, its attention
+# quantizes only a KV cache (inference) and decoders.py: "We do not quantize the logits matmul"); the MoE router
+# stays bf16/fp32 (Megatron's TopKRouter is a plain linear outside TE).
+QUANTIZED_OPS = ("qkv_proj", "out_proj", "mlp_in", "mlp_out", "mla_down")
 TP_REPLICATED_OPS = ("mla_down", "router")  # ops layer_ops counts unsplit over tp: every tp rank runs them whole
 
 
