@@ -5,7 +5,7 @@ offload (those are the CP-SAT program's decisions, planner/remat.py). The rules,
 multiply to the chips; tp, cp, ep and pp * vpp divide what they split (unevenly where the framework can:
 Framework.uneven_pp); cp leaves at least MIN_TOKENS_PER_CP_RANK tokens per rank; the batch splits dp * fsdp * ep
 ways into micro-batches; tp and cp stay inside the fastest level (GPUs: the NVLink domain; TPUs: only dp, pp and
-fsdp span slices); zero in {0, 1}; sequence parallelism on; and whatever else costmodel.constraints.check_plan
+fsdp span slices); zero in {0, 1} (2 when pinned by --fix); sequence parallelism on; and whatever else costmodel.constraints.check_plan
 refuses (the framework's own rules). The list in full: docs/costmodel.md, "Mesh candidates".
 
 Chip counts: a GPU job is one partial node (1..8 GPUs) or whole nodes. A TPU job is `slices` identical slices
@@ -328,7 +328,7 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
         except InputError:
             return
     per_replica = job.global_batch // shards
-    zeros = [0, 1] if dp > 1 else [0]
+    zeros = ([0, 1] + ([2] if fx.get("zero") == 2 else [])) if dp > 1 else [0]  # ZeRO-2 when pinned
     vpps = [1] + ([v for v in (2, 4, 8, 16, 32) if v <= MAX_VPP and splits(m, job, pp, v)] if pp > 1 else [])
     for mb in divisors(per_replica):
         if fx.get("micro_batch", mb) != mb:
