@@ -5,8 +5,9 @@ offload (those are the CP-SAT program's decisions, planner/remat.py). The rules,
 multiply to the chips; tp, cp, ep and pp * vpp divide what they split (unevenly where the framework can:
 Framework.uneven_pp); cp leaves at least MIN_TOKENS_PER_CP_RANK tokens per rank; the batch splits dp * fsdp * ep
 ways into micro-batches; tp and cp stay inside the fastest level (GPUs: the NVLink domain; TPUs: only dp, pp and
-fsdp span slices); zero in {0, 1} (2 when pinned by --fix); sequence parallelism on; and whatever else costmodel.constraints.check_plan
-refuses (the framework's own rules). The list in full: docs/costmodel.md, "Mesh candidates".
+fsdp span slices); zero in {0, 1} (2 when pinned by --fix); sequence parallelism on; and whatever else
+costmodel.constraints.check_plan refuses (the framework's own rules). The list in full: docs/costmodel.md,
+"Mesh candidates".
 
 Chip counts: a GPU job is one partial node (1..8 GPUs) or whole nodes. A TPU job is `slices` identical slices
 of a valid slice size (hardware.topology.valid_slice_sizes); a multi-slice job uses slices made of whole hosts.
@@ -15,6 +16,7 @@ The default slice count is the smallest such k.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -395,6 +397,23 @@ def default_batch_for(m: ModelSpec, chip: Chip, chips: int, seq_len: int, precis
     return base, ""
 
 
+def binding_pins(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints,
+                 most: int = 20_000) -> list[str]:
+    """The pins of `cons.fixed` without which some mesh exists, each with the nearest value that does
+    ('tp=3 binds (nearest that exists: tp=2)'); `most` meshes looked at per pin."""
+    out = []
+    for key, want in cons.fixed.items():
+        rest = replace(cons, fixed={k: v for k, v in cons.fixed.items() if k != key})
+        try:
+            seen = {getattr(mesh, key) for mesh in itertools.islice(candidates(m, chip, job, chips, rest), most)}
+        except InputError:
+            continue
+        if seen:
+            near = min(seen, key=lambda v: (abs(v - want), v))
+            out.append(f"{key}={want} binds (nearest that exists: {key}={near})")
+    return out
+
+
 def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> InputError:
     """Why no mesh exists: a global batch too small or not divisible, or over-tight --fix constraints."""
     limit = model_parallel_limit(m, chip, job, chips, Constraints(max_tp=cons.max_tp))
@@ -412,7 +431,9 @@ def explain_no_candidates(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: 
             opts = axis_options(m, chip, job, chips, Constraints(max_tp=cons.max_tp))
             allowed = [f"{a} is one of {', '.join(map(str, opts[a]))}" for a, v in cons.fixed.items()
                        if a in opts and v not in opts[a]]
-            hint = f" (here {'; '.join(allowed)})" if allowed else ""
+            binds = binding_pins(m, chip, job, chips, cons)
+            hint = (f" (here {'; '.join(allowed)})" if allowed else "") + (
+                f": {'; '.join(binds)}" if binds else " (each pin alone admits plans, together none: drop one)")
             return InputError(f"--fix: no plan for {m.name} on {chips} x {chip.name} satisfies "
                               f"{cons.describe()} with global batch {job.global_batch}{hint}")
     near = usable_batches(m, chip, job, chips, cons)

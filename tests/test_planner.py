@@ -462,5 +462,6 @@ def test_fix_on_an_impossible_degree_names_the_allowed_values():
     m = load_model("llama3-8b")  # 32 heads, 8 KV heads
     err = explain_no_candidates(m, V5P, Job(4096, 1024), 64, Constraints(fixed={"tp": 3}))
     assert "satisfies tp=3" in str(err) and "(here tp is one of 1, 2, 4, 8, 16, 32)" in str(err)
+    assert "tp=3 binds (nearest that exists: tp=2)" in str(err)
     err = explain_no_candidates(m, V5P, Job(4096, 1024), 64, Constraints(fixed={"ep": 4}))
     assert "(here ep is one of 1)" in str(err)  # a dense model has no expert axis
