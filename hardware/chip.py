@@ -58,6 +58,9 @@ class Level:
     domain_chips: chips in one domain of this level (a TPU slice's maximum, a GPU node); 0 = unbounded.
     bw_per_dir_Bps: per-link one-direction bandwidth for a torus; per-chip one-direction bandwidth otherwise.
     torus_dims: 3 for v4/v5p, 2 for v5e/v6e; 0 for non-torus levels.
+    ring_base_latency_s, ring_step_latency_s: NCCL's ring latency model (GPU levels; 0 = not modelled, the ring
+    pays latency_s per hop of hierarchical rings): a ring collective pays the base once and every step of its
+    flat ring the step latency of the level it crosses (hardware.topology.ring_latency).
     wrap_rule: 'cube4' (wraparound only on whole 4x4x4 cubes: axis length multiple of 4, slice >= 64 chips),
                'len16' (wraparound only on axes of length 16), or '' (no torus).
     """
@@ -69,6 +72,8 @@ class Level:
     latency_s: float
     torus_dims: int = 0
     wrap_rule: str = ""
+    ring_base_latency_s: float = 0.0
+    ring_step_latency_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class AxisLink:
     inner_latency_s: float
     outer_latency_s: float
     torus_dims: int = 0  # torus dimensions the inner part spans (TPU); 0 on switches
+    # NCCL's ring latency model (base, step inside the domain, step across domains), from the levels'
+    # ring_base_latency_s / ring_step_latency_s; () = the hierarchical rings' hop latencies
+    nccl_ring: tuple[float, float, float] = ()
 
     @property
     def level(self) -> str:
@@ -157,14 +160,16 @@ def _lay_out_torus(chip: Chip, up: Level, net: Level, ici: dict[str, int], dcn: 
 
 def _lay_out_switch(up: Level, net: Level, degrees: dict[str, int], order: tuple[str, ...]) -> dict[str, AxisLink]:
     node = up.domain_chips or math.prod(degrees.values())
+    nccl = up.ring_step_latency_s > 0 and net.ring_step_latency_s > 0
     stride = 1
     links: dict[str, AxisLink] = {}
     for axis in order:
         n = degrees.get(axis, 1)
         inner = n if stride * n <= node else max(1, min(n, node // stride))
         outer = max(1, n // inner)
+        ring = ((net if outer > 1 else up).ring_base_latency_s, up.ring_step_latency_s, net.ring_step_latency_s)
         links[axis] = AxisLink(axis, n, inner, outer, up.bw_per_dir_Bps, net.bw_per_dir_Bps,
-                               up.latency_s, net.latency_s)
+                               up.latency_s, net.latency_s, nccl_ring=ring if nccl else ())
         stride *= n
     return links
 
@@ -178,6 +183,23 @@ def _ring(n: int, nbytes: float, bw: float, lat: float) -> float:
     return (n - 1) / n * nbytes / bw + (n - 1) * lat
 
 
+def ring_latency(link: AxisLink, kind: str, flat: bool = False) -> float:
+    """The latency part of a ring all-gather / reduce-scatter over `link` (an all-reduce: both rings).
+
+    NCCL (link.nccl_ring; NVIDIA/nccl src/graph/tuning.cc, Ring/Simple): one flat ring over all n ranks,
+    latency = baseLat + (nsteps - nInterSteps) x intra-node step + nInterSteps x network step, with nsteps = n - 1
+    (all-reduce 2(n - 1)) and nInterSteps = nodes - 1 (all-reduce 2(nodes - 1)); the base is paid once. (Every
+    step of a multi-node ring pays at least 3 x getNetOverhead = 3 us, below NVLink's 3.4 us.) Otherwise
+    hierarchical rings, one hop latency per step of each ring (flat: n - 1 network hops)."""
+    rings = 2 if kind == "all-reduce" else 1
+    if link.nccl_ring:
+        base, step_in, step_out = link.nccl_ring
+        return base + rings * ((link.size - link.outer) * step_in + (link.outer - 1) * step_out)
+    if flat and link.outer > 1:
+        return rings * (link.size - 1) * link.outer_latency_s
+    return rings * ((link.inner - 1) * link.inner_latency_s + (link.outer - 1) * link.outer_latency_s)
+
+
 def collective_time(link: AxisLink, kind: str, nbytes: float, link_eff: float = 1.0, net_eff: float = 1.0,
                     flat: bool = False) -> float:
     """Seconds for one collective over `link`. nbytes: full (unsharded) buffer per chip for all-gather,
@@ -189,11 +211,10 @@ def collective_time(link: AxisLink, kind: str, nbytes: float, link_eff: float = 
     bw_in, bw_out = link.inner_bw_Bps * link_eff, link.outer_bw_Bps * net_eff
     if kind in ("all-gather", "reduce-scatter", "all-reduce"):
         if flat and link.outer > 1:
-            t = _ring(link.size, nbytes, bw_out, link.outer_latency_s)
-            return 2 * t if kind == "all-reduce" else t
-        t = _ring(link.inner, nbytes, bw_in, link.inner_latency_s)
-        t += _ring(link.outer, nbytes / link.inner, bw_out, link.outer_latency_s)
-        return 2 * t if kind == "all-reduce" else t
+            t = _ring(link.size, nbytes, bw_out, 0.0)
+        else:
+            t = _ring(link.inner, nbytes, bw_in, 0.0) + _ring(link.outer, nbytes / link.inner, bw_out, 0.0)
+        return (2 * t if kind == "all-reduce" else t) + ring_latency(link, kind, flat)
     if kind == "all-to-all":
         # Each chip keeps 1/n and sends the rest; on a torus the bisection limits a ring all-to-all to ~n/4
         # times the point-to-point cost (scaling book, TPU chapter); switches and networks are full-bisection.

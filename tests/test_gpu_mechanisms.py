@@ -1,0 +1,77 @@
+"""Sourced GPU mechanisms of issue 28 (docs/h100_residuals.md, 'Implemented'), each on a hand-computed small case."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.estimate import op_time
+from costmodel.flops import Op
+from hardware.catalog import load_hardware
+from hardware.chip import Efficiency
+from hardware.topology import AxisLink, collective_time, ring_latency
+
+US = 1e-6
+
+
+def _h100():
+    return load_hardware("h100-sxm").with_efficiency(**vars(Efficiency()))  # default efficiencies
+
+
+# ---- F3: only the linear layers' GEMMs run at the low-precision peak -----------------------------------------
+
+@pytest.mark.parametrize("name", ["qkv_proj", "out_proj", "mlp_in", "mlp_out", "mla_down"])
+def test_fp8_linear_ops_use_the_fp8_peak(name):
+    chip = _h100()
+    op = Op(name, 1e12, 8192, "")
+    # matmul_peak 0.75, half-dim 64: eff = 0.75 * 8192 / (8192 + 64); fp8 peak 1,979 TF (lowp_gain 1)
+    assert op_time(op, chip, 1.979e15) == pytest.approx(1e12 / (1.979e15 * 0.75 * 8192 / 8256))
+
+
+@pytest.mark.parametrize("name", ["logits", "router"])
+def test_fp8_logits_and_router_stay_bf16(name):
+    chip = _h100()
+    op = Op(name, 1e12, 8192, "")
+    assert op_time(op, chip, 1.979e15) == pytest.approx(1e12 / (9.89e14 * 0.75 * 8192 / 8256))
+
+
+def test_fp8_attention_stays_bf16():
+    chip = _h100()
+    op = Op("attention", 1e12, 128, "context", is_attention=True)
+    # fused attention: matmul_peak 0.75 x attention 0.7 of the bf16 peak, whatever the job's precision
+    assert op_time(op, chip, 1.979e15) == pytest.approx(1e12 / (9.89e14 * 0.75 * 0.7))
+    assert op_time(op, chip, 1.979e15) == op_time(op, chip, 9.89e14)
+
+
+# ---- H3: NCCL's ring latency on GPU levels -------------------------------------------------------------------
+
+def _link(size: int, inner: int, outer: int) -> AxisLink:
+    return AxisLink("dp", size, inner, outer, 4.5e11, 5e10, 3e-6, 5e-6, nccl_ring=(8.4 * US, 3.4 * US, 14 * US))
+
+
+def test_nccl_ring_latency_by_hand():
+    # 16 ranks on 2 nodes: base 8.4 + (16 - 2) x 3.4 (NVLink steps) + (2 - 1) x 14 (network step) = 70.0 us
+    link = _link(16, 8, 2)
+    assert ring_latency(link, "all-gather") == pytest.approx(70.0 * US)
+    # all-reduce: nsteps 2(n - 1), nInterSteps 2(nodes - 1), the base once: 8.4 + 2 x 61.6 = 131.6 us
+    assert ring_latency(link, "all-reduce") == pytest.approx(131.6 * US)
+    # one node of 8: 8.4 + 7 x 3.4 = 32.2 us
+    assert ring_latency(_link(8, 8, 1), "reduce-scatter") == pytest.approx(32.2 * US)
+
+
+def test_nccl_collective_time_by_hand():
+    link = _link(16, 8, 2)
+    nbytes = 1.6e9
+    # bandwidth: 7/8 of B over NVLink (450 GB/s x link 0.8), then 1/2 of B/8 over the network (50 GB/s x net 0.7)
+    bw = 7 / 8 * nbytes / (4.5e11 * 0.8) + 1 / 2 * nbytes / 8 / (5e10 * 0.7)
+    assert collective_time(link, "all-gather", nbytes, 0.8, 0.7) == pytest.approx(bw + 70.0 * US)
+    assert collective_time(link, "all-reduce", nbytes, 0.8, 0.7) == pytest.approx(2 * bw + 131.6 * US)
+
+
+def test_gpu_profiles_carry_ncclring_and_tpus_do_not():
+    from costmodel.estimate import axis_links
+    from costmodel.plan import Plan
+
+    links = axis_links(load_hardware("h100-sxm"), Plan(dp=16))
+    assert links["dp"].nccl_ring == pytest.approx((8.4 * US, 3.4 * US, 14 * US))
+    tpu = axis_links(load_hardware("tpu-v5p"), Plan(dp=8))
+    assert tpu["dp"].nccl_ring == ()
