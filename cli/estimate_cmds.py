@@ -169,6 +169,9 @@ def calibrate(
                                   help="With --file: 'sources' (each source the same total weight, at most 40 rows "
                                        "of a source per chip) or 'rows' (every row weight 1, the procedure of the "
                                        "shipped overlays)."),
+    priors: bool = typer.Option(False, "--priors/--no-priors",
+                                help="With --file: pull each fit towards the microbenchmark priors "
+                                     "(hardware/priors.yaml; the shipped overlays: --weighting rows --priors)."),
     out: str = typer.Option("", "--out", help="Instead of published runs: run a validator plan set on the JAX "
                             "devices here, fit the profile to their step times and write it to this file.",
                             metavar="FILE"),
@@ -202,10 +205,11 @@ def calibrate(
     if evaluate and not write_shipped:
         raise InputError("--evaluate: only with --write-shipped (its rows feed hardware/calibration/accuracy.yaml; "
                          "benchmarks/holdout.py prints out-of-source figures without writing)")
-    fits = list(calibrate_all(file, hardware or None, directory, flag, weighting, evaluate))
+    fits = list(calibrate_all(file, hardware or None, directory, flag, weighting, evaluate, priors))
     if as_json:
         return print_json([{"hardware": name, "rows": stats["rows"], "fit_rows": stats["fit_rows"],
-                            "sources": stats["sources"], "weighting": weighting, "mape_pct": stats["mape_pct"],
+                            "sources": stats["sources"], "weighting": weighting, "priors": priors,
+                            "mape_pct": stats["mape_pct"],
                             "source_mape_pct": stats["source_mape_pct"], "worst_pct": stats["worst_pct"],
                             "eff": dict(eff.__dict__), "written": str(path) if path else None}
                            for name, eff, stats, path in fits])
@@ -216,12 +220,11 @@ def calibrate(
                    f"in-sample MAPE {stats['mape_pct']:.1f}%, worst {stats['worst_pct']:.1f}%  [{vals}]{where}")
     if write_shipped:
         from costmodel import evidence
-        from costmodel.calibrate import fit_rows_unweighted, fit_sources
+        from costmodel.calibrate import Procedure
         from hardware.errors import escape as plain
 
-        fit = fit_sources if weighting == "sources" else fit_rows_unweighted
-        where = evidence.write(evidence.build(list(file), list(evaluate or ()), fit), directory,
-                               "+".join(Path(f).name for f in file))
+        doc = evidence.build(list(file), list(evaluate or ()), Procedure(weighting, priors))
+        where = evidence.write(doc, directory, "+".join(Path(f).name for f in file))
         typer.echo(f"evidence for the step-time intervals -> {shown_path(where, 1000)}")
 
         for name, f in _stored_accuracy()["families"].items():

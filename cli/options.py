@@ -180,9 +180,11 @@ def make_job(seq_len: int, global_batch: int, precision: str, framework: str, we
 
 
 def weight_dtype_over(weight_dtype: str | None, framework: str, base: Job) -> str:
-    """--weight-dtype over a plan file's job: given, else the file's under MaxText (the only framework with fp32
-    weights as a setting), else float32."""
-    return weight_dtype or (base.weight_dtype if framework == "maxtext" else "float32")
+    """--weight-dtype over a plan file's job: given, else the file's where the framework has weight_dtype as a
+    setting (costmodel.framework: bf16_state; MaxText), else float32."""
+    from costmodel.framework import framework as framework_record
+
+    return weight_dtype or (base.weight_dtype if framework_record(framework).bf16_state is not None else "float32")
 
 
 def offload_items(offload: list[str] | None, remat: str = "full") -> dict[str, str]:
