@@ -158,7 +158,8 @@ from costmodel.model import ModelSpec  # noqa: E402
 
 models_app = typer.Typer(
     no_args_is_help=True,
-    help="Model presets, model YAML files and size shorthands (e.g. 70B, 1T: a dense Llama-3-style shape).",
+    help="Model presets, model YAML files and size shorthands such as 70B or 1T (a dense Llama-3-style shape).",
+    short_help="Model presets, model YAML files and size shorthands.",
 )
 app.add_typer(models_app, name="models")
 
@@ -235,7 +236,7 @@ def models_list(
     _console().print(table)
 
 
-@models_app.command("show")
+@models_app.command("show", short_help="Show one model's shape and derived parameter counts.")
 def models_show(
     name_or_path: str = typer.Argument(
         ..., metavar="NAME_OR_PATH_OR_SIZE", help="A preset name, a model YAML path or a size (70B, 1T)."

@@ -21,7 +21,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the cost model
 app.add_typer(bench_app, name="bench")
 
 
-@app.command()
+@app.command(short_help="Cost one plan: step time, MFU, memory, where the time goes.")
 @with_plan_flags()
 def estimate(
     flags: PlanFlags,
@@ -52,7 +52,7 @@ def estimate(
     print_cost(cost, f"{r.model.name} on {r.chips} x {r.chip.name}: {plan_summary(r.plan)}", interval=iv)
 
 
-@bench_app.command("published")
+@bench_app.command("published", short_help="Predicted against measured step times of a runs CSV.")
 def bench_published(
     file: str = typer.Option(..., "--file", "-f", metavar="FILE", help="CSV in the runs_dev.csv schema."),
     as_json: bool = o.JSON,
@@ -151,7 +151,7 @@ def _pct(v) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) else ""
 
 
-@app.command()
+@app.command(short_help="Fit the chips' efficiencies to measured step times.")
 def calibrate(
     file: list[str] = typer.Option(None, "--file", "-f", help="CSV(s) in the runs_dev.csv schema with measured step "
                                    "times; repeat to combine files. Prints the fit; writes nothing unless "

@@ -111,7 +111,7 @@ def print_explanation(ex, console: Console | None = None) -> None:
                           f"{best.cost.step_time_s:.3f} s ({best.delta_pct:+.1f} %).")
 
 
-@app.command()
+@app.command(short_help="Why a plan takes what it takes, and nearby what-ifs.")
 @with_plan_flags()
 def explain(
     flags: PlanFlags,
@@ -132,7 +132,7 @@ def explain(
 
 # ---- plot -------------------------------------------------------------------------------------------------
 
-@app.command()
+@app.command(short_help="Draw a plan's step waterfall and memory bars to a file.")
 @with_plan_flags()
 def plot(
     flags: PlanFlags,
@@ -188,7 +188,7 @@ SWEEP_HELP = {"model": {"help": "Model, unless varied: preset name, model YAML p
                                "show_default": "about 4M tokens per point"}}
 
 
-@app.command()
+@app.command(short_help="The best plan at each point of a grid of one or two variables.")
 @with_plan_flags(omit=SWEEP_OMIT, **SWEEP_HELP)
 def sweep(
     flags: PlanFlags,

@@ -124,7 +124,7 @@ PLAN_FILE_GIVES = ("model", "hardware", "chips", "seq_len", "global_batch", "dp"
                    "vpp", "micro_batch", "zero", "remat", "offload", "slices", "no_sp", "precision", "framework")
 
 
-@app.command("goodput")
+@app.command("goodput", short_help="Goodput, days and cost to train under chip failures.")
 def goodput_cmd(
     ctx: typer.Context,
     model: str = o.option("model", help="Preset name, model YAML path, or a size such as 1T."),
@@ -212,7 +212,7 @@ def _flags_plan(model: str | None, hardware: str, chips: int | None, seq_len: in
     return m, chip, job, s.plans[0].plan, chips, "planner search (fastest step)"
 
 
-@app.command("replan")
+@app.command("replan", short_help="The best plan at a new chip count, and the cost of moving.")
 def replan_cmd(
     plan_file: str = typer.Option(..., "--plan", "-p", metavar="FILE", help="The running job's plan file."),
     chips: int = typer.Option(..., "--chips", "-n", help="The new chip count (after losing or adding chips)."),

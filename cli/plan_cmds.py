@@ -52,7 +52,7 @@ def export_cmd(
         typer.echo(f"wrote {escape(out)} ({fmt})", err=True)
 
 
-@app.command("import")
+@app.command("import", short_help="A plan file from a MaxText config or Megatron-LM arguments.")
 def import_cmd(
     from_maxtext: str = typer.Option(None, "--from-maxtext", metavar="FILE",
                                      help="A MaxText config YAML (maxtext 0.2.5 keys)."),

@@ -239,7 +239,7 @@ def check_export_args(export: str | None, out: str | None, as_json: bool) -> Non
         raise InputError("--export with --json: give --out FILE so that stdout stays one JSON object")
 
 
-@app.command()
+@app.command(short_help="Search for the fastest plans that fit in memory.")
 def suggest(
     model: str = o.MODEL,
     chips: int = typer.Option(..., "--chips", "-n", help="Number of chips for the job."),

@@ -84,7 +84,7 @@ VALIDATE_OMIT = ("seq_len", "global_batch", "precision", "framework", "weight_dt
 VALIDATE_DEFAULTS = {**DEFAULTS, "model": "llama3-8b", "hardware": "cpu-host"}
 
 
-@app.command()
+@app.command(short_help="Run a plan as a JAX step; compare with the cost model.")
 @with_plan_flags(omit=VALIDATE_OMIT, defaults=VALIDATE_DEFAULTS,
                  model={"help": "Preset name, a model YAML path or a size (run scaled down)."},
                  hardware={"help": "The profile the predictions use (also over a plan source's)."},

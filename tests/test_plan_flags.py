@@ -156,12 +156,15 @@ def _commands() -> list[tuple[str, ...]]:
 
 @pytest.mark.parametrize("path", _commands(), ids=lambda p: " ".join(p) or "planner")
 def test_help_is_plain_and_shows_defaults_one_way(path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     code, out, err = run(capsys, monkeypatch, *path, "--help")
     assert code == 0 and out.startswith("Usage:"), err
     text = " ".join(out.split())  # (lines wrap at the terminal's width)
     for noise in ("<bool>", "<int>", "<str>", "<float>", "list[", "(default", "[default: ]"):
         assert noise not in text, (noise, out)
     assert not re.search(r" [.,;](\s|$)", text), out  # a stray " ." (rich markup once ate "[...]" before it)
+    if "Commands:" in out:  # each command's summary whole in 80 columns (click cuts a long one with '...')
+        assert "..." not in out.split("Commands:")[1], out
     shown = text.replace("[default: ", "").replace("; default: ", "")  # (click: "[env var: X; default: 1]")
     assert "default" not in shown.replace("default search", ""), out
 
