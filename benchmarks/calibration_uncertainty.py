@@ -10,7 +10,8 @@ seen by no row (the fit leaves it where it starts). A family with k sources has 
 --files shipped: runs_dev.csv + maxtext2023-v5p.csv with every row weight 1 (the shipped procedure); all: every
 runs CSV of data/runs with sources weighted equally (more sources per family, not what ships).
 Usage: python benchmarks/calibration_uncertainty.py [--files shipped|all] [--priors on|off|both] [--draws N] [--write]
---write saves benchmarks/calibration_uncertainty_report.txt. About 10 minutes on one core for the defaults.
+--write saves benchmarks/calibration_uncertainty_report.txt (without --files: shipped, priors off and on, then all
+with priors on). About 10 minutes on one core for shipped with both settings of the priors.
 """
 
 from __future__ import annotations
@@ -166,21 +167,23 @@ def group_report(members: tuple[str, ...], cases: list[Case], weighting: str, pr
     return out.getvalue() + ("".join(f"{f}\n" for f in flags) if flags else "")
 
 
-def report(which: str, settings: list[bool], n: int, seed: int) -> str:
+def report(settings: list[tuple[str, bool]], n: int, seed: int) -> str:
+    """The report over `settings`, each (files: 'shipped' | 'all', priors)."""
     start = time.perf_counter()
-    cases, names, weighting = load(which)
     out = io.StringIO()
     out.write("# Bootstrap over sources of the fitted efficiency parameters (benchmarks/calibration_uncertainty.py)\n"
-              f"# files: {names}; fit: {calibrate.WEIGHTINGS[weighting]}\n"
               f"# {n} draws of each family's sources with replacement, numpy default_rng({seed}); a source drawn m "
               "times weighs m times.\n# fit: on all of the family's sources; median, p10, p90: over the draws; prior: "
               "hardware/priors.yaml (mean +- sd),\n# z = (fit - mean) / sd. ON BOUND: within 0.1 % of the range of "
               "costmodel.calibrate.BOUNDS (share of draws there too);\n# unseen by rows: no row's time moves with it "
-              "(it stays where the fit starts).\n")
-    for priors in settings:
-        out.write(f"\n# ===== priors {'on' if priors else 'off'}"
-                  + (f" ({calibrate.PRIORS_NOTE}; RESIDUAL_SD {calibrate.RESIDUAL_SD:g})" if priors else "")
-                  + " =====\n")
+              "at the fitted value (it stays where the fit starts).\n")
+    loaded = {}
+    for which, priors in settings:
+        if which not in loaded:
+            loaded[which] = load(which)
+        cases, names, weighting = loaded[which]
+        on = f"on (RESIDUAL_SD {calibrate.RESIDUAL_SD:g})" if priors else "off"
+        out.write(f"\n# ===== files: {names}; fit: {calibrate.WEIGHTINGS[weighting]}; priors {on} =====\n")
         for members, cs in calibrate._groups(cases).items():
             out.write(group_report(members, cs, weighting, priors, n, seed))
     out.write(f"\n# {time.perf_counter() - start:.0f} s\n")
@@ -189,15 +192,19 @@ def report(which: str, settings: list[bool], n: int, seed: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--files", choices=("shipped", "all"), default="shipped")
+    ap.add_argument("--files", choices=("shipped", "all"), default=None, help="default: shipped (with --write: "
+                    "shipped with priors off and on, then all with priors on)")
     ap.add_argument("--priors", choices=("on", "off", "both"), default="both")
     ap.add_argument("--draws", type=int, default=DRAWS)
     ap.add_argument("--write", action="store_true", help=f"save {REPORT.relative_to(ROOT)}")
     args = ap.parse_args()
     if args.draws < 1:
         ap.error(f"--draws: expected a positive number of resamples, got {args.draws}")
-    settings = {"on": [True], "off": [False], "both": [False, True]}[args.priors]
-    text = report(args.files, settings, args.draws, SEED)
+    priors = {"on": [True], "off": [False], "both": [False, True]}[args.priors]
+    settings = [(args.files or "shipped", p) for p in priors]
+    if args.write and args.files is None:
+        settings = [("shipped", False), ("shipped", True), ("all", True)]
+    text = report(settings, args.draws, SEED)
     print(text)
     if args.write:
         REPORT.write_text(text)
