@@ -5,6 +5,8 @@ the run) and is justified by a source: a framework's code or config, a hardware 
 microbenchmark, never by the residual it removes. For every variant the H100 family's leave-source-out split is
 refitted (costmodel.calibrate.fit_sources) and scored per source. What each mechanism is, its source and the
 proposed cost-model change: docs/h100_residuals.md.
+F3, H3, F1 and F2 are now part of the cost model (docs/h100_residuals.md, 'Implemented'): their prototypes here
+step aside where the model already has them (baseline = the model with them), so only H1 and H4 still add anything.
 Usage: .venv/bin/python benchmarks/h100_mechanisms.py [--variants NAME ...] [--list]
 About 2 minutes a variant on a free core (4 on a shared one).
 """
@@ -28,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from costmodel import calibrate, holdout  # noqa: E402
 from costmodel import estimate as E  # noqa: E402
+from costmodel.framework import WITH_GRADS  # noqa: E402
 from costmodel.memory import memory_terms  # noqa: E402
 from costmodel.published import Case, load_cases  # noqa: E402
 from hardware.chip import Chip  # noqa: E402
@@ -186,11 +189,11 @@ def patched(row: Row | None, mechs: frozenset[str]) -> Iterator[None]:
         t = ORIGINAL["collective_time"](link, kind, nbytes, link_eff, net_eff, flat)
         if "H2" in mechs and row is not None and row.source == "ultrascale-playbook" and not flat and nbytes > 0:
             t += (cluster_factor(link, kind) - 1) * network_part(link, kind, nbytes, net_eff)
-        if "H3" in mechs and kind in PB_BUSBW and link.size > 1 and nbytes > 0:
+        if "H3" in mechs and kind in PB_BUSBW and link.size > 1 and nbytes > 0 and not link.nccl_ring:
             t += nccl_latency(link, kind) - model_latency(link, kind)
         if ("H4" in mechs and row is not None and row.source == "ultrascale-playbook" and kind in PB_BUSBW
                 and link.outer > 1 and nbytes > 0):
-            before = nccl_latency(link, kind) if "H3" in mechs else model_latency(link, kind)
+            before = nccl_latency(link, kind) if ("H3" in mechs or link.nccl_ring) else model_latency(link, kind)
             t += cluster_latency(link, kind) - before
         return t
 
@@ -214,9 +217,10 @@ def make_estimate(mechs: frozenset[str]) -> Callable:
         with patched(row, mechs):
             cost = ORIGINAL["estimate"](m, chip, job, plan, chips)
             extra = 0.0
-            if "F1" in mechs and row is not None and row.framework == "nanotron":
+            prototype = row is not None and job.fw.param_gather == WITH_GRADS  # else F1/F2 are in the model
+            if "F1" in mechs and prototype and row.framework == "nanotron":
                 extra += nanotron_zero1_extra(m, chip, job, plan, cost)
-            if "F2" in mechs and row is not None and row.source == "mlperf-training":
+            if "F2" in mechs and prototype and row.source == "mlperf-training":
                 extra += nemo_distopt_extra(m, chip, job, plan, cost, "FP8_PARAMS=True" in row.notes)
         return replace(cost, step_time_s=cost.step_time_s + extra)
     return est

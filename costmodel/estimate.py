@@ -24,6 +24,7 @@ from costmodel.flops import (
     model_flops_per_token,
     tp_replicated_flops_per_token,
 )
+from costmodel.framework import NEXT_FORWARD, WITH_GRADS
 from costmodel.job import Job
 from costmodel.memory import MemoryTerms, StepShape, memory_terms, step_shape, weight_shard_degrees
 from costmodel.model import ModelSpec
@@ -392,6 +393,22 @@ def weight_shard_collectives(c: Step, st: StageTimes, mem: MemoryTerms) -> list[
     return out
 
 
+def distributed_optimizer_sync(c: Step, st: StageTimes, gbytes: float, pbytes: float,
+                               experts: bool) -> list[Collective]:
+    """A distributed optimizer's (zero 1-2) data-parallel sync as the framework runs it (Framework.param_gather):
+    the gradients reduce-scattered behind the last micro-step's backward, the updated bf16 parameters all-gathered
+    after the optimizer step, blocking (AFTER_STEP), or behind the next step's forward (NEXT_FORWARD)."""
+    chip, link, ov = c.chip, c.links["dp"], c.chip.eff.overlap
+    t_rs = collective_time(link, "reduce-scatter", gbytes, chip.eff.link, chip.eff.net)
+    t_ag = collective_time(link, "all-gather", pbytes, chip.eff.link, chip.eff.net)
+    hidden_ag = ov * st.fwd if c.job.fw.param_gather == NEXT_FORWARD else 0.0
+    what = "expert " if experts else ""
+    return [_coll(Role.GRAD_REDUCE, "dp", "reduce-scatter", f"{what}grads", 1, gbytes, t_rs,
+                  max(0.0, t_rs - ov * st.bwd), link.level),
+            _coll(Role.GRAD_REDUCE, "dp", "all-gather", f"updated {what}parameters", 1, pbytes, t_ag,
+                  max(0.0, t_ag - hidden_ag), link.level)]
+
+
 def gradient_reductions(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective]:
     """Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
@@ -410,10 +427,14 @@ def gradient_reductions(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Colle
     shared = mem.non_expert_param_elems - pp_tables if moe_ep else 0.0
     out: list[Collective] = []
     if dp_reduces:
-        gbytes = (mem.grad_elems_for_reduce - shared - pp_tables) * mem.grad_reduce_bytes
-        t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)
-        out.append(_coll(Role.GRAD_REDUCE, "dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes, t,
-                         max(0.0, t - ov * st.bwd), links["dp"].level))
+        elems = mem.grad_elems_for_reduce - shared - pp_tables
+        if 1 <= plan.zero <= 2 and job.fw.param_gather != WITH_GRADS:
+            out += distributed_optimizer_sync(c, st, elems * mem.grad_reduce_bytes, elems * BF16, moe_ep)
+        else:
+            gbytes = elems * mem.grad_reduce_bytes
+            t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)
+            out.append(_coll(Role.GRAD_REDUCE, "dp", "all-reduce", "expert grads" if moe_ep else "grads", 1, gbytes,
+                             t, max(0.0, t - ov * st.bwd), links["dp"].level))
     if moe_ep:
         group = [links["dp"], links["ep"]] if dp_reduces else [links["ep"]]
         gbytes = shared * mem.grad_reduce_bytes

@@ -8,12 +8,16 @@ validator's HLO) are in docs/memory.md and docs/costmodel.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from hardware.errors import InputError
 
 SPMD, ONE_F_ONE_B = "spmd", "1f1b"  # pipeline kinds (Framework.pipeline)
+# When a distributed optimizer (zero 1-2 over dp) all-gathers the updated parameters (Framework.param_gather):
+# WITH_GRADS: costed with the gradients' reduce-scatter as one all-reduce behind the last backward; AFTER_STEP:
+# after the optimizer step, blocking; NEXT_FORWARD: behind the next step's forward.
+WITH_GRADS, AFTER_STEP, NEXT_FORWARD = "with-grads", "after-step", "next-forward"
 
 
 class StateBytes(NamedTuple):
@@ -78,6 +82,8 @@ class Framework:
     vocab_tiling: bool = False  # logits and loss in token chunks (vocab_tiles > 1)
     cp_chunks: int = 1  # seq_len must divide into cp_chunks * cp chunks (load-balanced causal cp: 2)
     optimizer_offload_needs_zero: bool = False  # optimizer CPU offload only with the distributed optimizer
+    # ---- data-parallel synchronisation
+    param_gather: str = WITH_GRADS  # the distributed optimizer's parameter all-gather (WITH_GRADS, ...: above)
 
     def state_bytes(self, weight_dtype: str) -> StateBytes:
         """The state layout for the job's weight_dtype."""
@@ -112,7 +118,16 @@ DEEPSPEED = Framework(
     # PipelineModule partitions by parameters (uneven), TrainSchedule is plain 1F1B (no interleaving)
     "deepspeed", "DeepSpeed", MIXED_STATE, flat_weight_collectives=True, uneven_pp=True, interleaved_pp=False)
 
-REGISTRY: dict[str, Framework] = {f.name: f for f in (MAXTEXT, MEGATRON, PYTORCH_FSDP, DEEPSPEED)}
+# NeMo's distributed_fused_adam as its configs set it (overlap_grad_sync and overlap_param_sync True: NeMo launcher,
+# Nemotron and MLPerf configs, e.g. mlcommons/training_results_v4.0 NVIDIA gpt3 nemo conf/optim/
+# distributed_fused_adam.yaml): the bf16 parameters (megatron_base_model.py: param_sync_dtype = the model dtype)
+# all-gathered behind the next step's forward. Gradients stay fp32 on the wire (NeMo sets no grad_sync_dtype: the
+# optimizer's fp32 dtype; MLPerf's bf16 is a per-run setting the runs schema cannot carry). Else Megatron's.
+NEMO = replace(MEGATRON, name="nemo", display="NeMo", param_gather=NEXT_FORWARD)
+# AFTER_STEP (nanotron's ZeRO-1, optim/zero.py: a blocking all_gather_coalesced after the step) is costed but no
+# record uses it: it did not improve the out-of-source figure (docs/h100_residuals.md, 'Implemented').
+
+REGISTRY: dict[str, Framework] = {f.name: f for f in (MAXTEXT, MEGATRON, PYTORCH_FSDP, DEEPSPEED, NEMO)}
 
 
 def bf16_names() -> list[str]:

@@ -37,12 +37,13 @@ from hardware.fileio import MAX_TABLE_BYTES, read_text
 #     Adam moments in fp32 and computes in bf16 (MixedPrecisionPolicy param_dtype bfloat16, reduce_dtype float32),
 #     the layout of llm-foundry's FSDP amp_bf16 runs (pytorch/torchtitan apply_fsdp: fully_shard with
 #     MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32); data/runs/SOURCES_gpu.md section 2).
+#   nemo -> nemo: Megatron's conventions, with NeMo's distributed optimizer settings (costmodel.framework.NEMO).
 #   nanotron -> megatron: bf16 parameters with fp32 gradient accumulation and fp32 master weights and moments
 #     (ZeRO-1 shards the optimizer state), Megatron-style tp (tp_mode REDUCE_SCATTER = sequence parallel) and 1F1B
 #     pipelining (huggingface/nanotron configs: dtype bfloat16, accumulate_grad_in_fp32; data/runs/SOURCES_gpu.md
 #     section 1).
 FRAMEWORK_CONVENTION = {"maxtext": "maxtext", "palm": "maxtext", "other": "maxtext", "mosaic": "pytorch-fsdp",
-                        "megatron": "megatron", "nemo": "megatron", "deepspeed": "deepspeed",
+                        "megatron": "megatron", "nemo": "nemo", "deepspeed": "deepspeed",
                         "torchtitan": "pytorch-fsdp", "nanotron": "megatron"}
 NAME_COLUMNS = ("id", "model_name", "hardware", "source", "framework", "precision", "remat")  # check_name: printable
 MAX_COUNT = 2**40  # any count column (a dimension, degree, length, batch); Job's bound on tokens per step

@@ -34,10 +34,10 @@ H100 = load_hardware("h100-sxm")
 
 
 def test_registry_names_every_framework_once():
-    assert FRAMEWORKS == tuple(REGISTRY) == ("maxtext", "megatron", "pytorch-fsdp", "deepspeed")
+    assert FRAMEWORKS == tuple(REGISTRY) == ("maxtext", "megatron", "pytorch-fsdp", "deepspeed", "nemo")
     for name, fw in REGISTRY.items():
         assert fw.name == name and framework(name) is fw and Job(4096, 8, framework=name).fw is fw
-    with pytest.raises(InputError, match="framework must be one of maxtext, megatron, pytorch-fsdp, deepspeed"):
+    with pytest.raises(InputError, match="framework must be one of maxtext, megatron, pytorch-fsdp, deepspeed, nemo"):
         Job(4096, 8, framework="torchtitan")
 
 

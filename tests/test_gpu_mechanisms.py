@@ -75,3 +75,56 @@ def test_gpu_profiles_carry_ncclring_and_tpus_do_not():
     assert links["dp"].nccl_ring == pytest.approx((8.4 * US, 3.4 * US, 14 * US))
     tpu = axis_links(load_hardware("tpu-v5p"), Plan(dp=8))
     assert tpu["dp"].nccl_ring == ()
+
+
+# ---- F1 / F2: a distributed optimizer's data-parallel sync as the framework runs it ---------------------------
+
+def _dp_sync(framework: str, monkeypatch=None):
+    from dataclasses import replace
+
+    import costmodel.framework as fwmod
+    from costmodel.catalog import load_model
+    from costmodel.estimate import axis_links, estimate, stage_times
+    from costmodel.job import Job
+    from costmodel.memory import memory_terms
+    from costmodel.plan import Plan
+
+    if framework == "after-step":  # nanotron's ZeRO-1 (costed, in no record: docs/h100_residuals.md)
+        monkeypatch.setitem(fwmod.REGISTRY, framework,
+                            replace(fwmod.MEGATRON, name=framework, param_gather=fwmod.AFTER_STEP))
+    m, chip = load_model("llama2-7b"), _h100()
+    job, plan = Job(4096, 64, framework=framework), Plan(dp=16, tp=1, zero=1, micro_batch=1)
+    cost = estimate(m, chip, job, plan)
+    mem = memory_terms(m, chip, job, plan, cost.grad_accum)
+    st = stage_times(m, chip, job, plan)
+    return [c for c in cost.collectives if c.axis == "dp"], mem, st, axis_links(chip, plan)["dp"], chip
+
+
+def test_megatron_zero1_is_one_all_reduce_behind_the_backward():
+    colls, mem, st, link, chip = _dp_sync("megatron")
+    (c,) = colls
+    t = collective_time(link, "all-reduce", mem.grad_elems_for_reduce * 4, 0.8, 0.7)  # fp32 gradients
+    assert c.kind == "all-reduce" and c.time_s == pytest.approx(t)
+    assert c.exposed_s == pytest.approx(max(0.0, t - 0.85 * st.bwd))
+
+
+def test_nanotron_zero1_gathers_the_parameters_after_the_step(monkeypatch):
+    colls, mem, st, link, chip = _dp_sync("after-step", monkeypatch)
+    rs, ag = colls
+    elems = mem.grad_elems_for_reduce
+    t_rs = collective_time(link, "reduce-scatter", elems * 4, 0.8, 0.7)  # fp32 gradients, behind the backward
+    t_ag = collective_time(link, "all-gather", elems * 2, 0.8, 0.7)  # bf16 parameters, blocking
+    assert (rs.kind, ag.kind) == ("reduce-scatter", "all-gather")
+    assert rs.exposed_s == pytest.approx(max(0.0, t_rs - 0.85 * st.bwd))
+    assert ag.exposed_s == pytest.approx(t_ag) and ag.time_s == pytest.approx(t_ag)
+
+
+def test_nemo_zero1_gathers_behind_the_next_forward():
+    colls, mem, st, link, chip = _dp_sync("nemo")
+    rs, ag = colls
+    elems = mem.grad_elems_for_reduce
+    t_rs = collective_time(link, "reduce-scatter", elems * 4, 0.8, 0.7)  # fp32 gradients (no grad_sync_dtype)
+    t_ag = collective_time(link, "all-gather", elems * 2, 0.8, 0.7)  # bf16 parameters (param_sync_dtype)
+    assert rs.bytes_each == pytest.approx(elems * 4) and ag.bytes_each == pytest.approx(elems * 2)
+    assert rs.exposed_s == pytest.approx(max(0.0, t_rs - 0.85 * st.bwd))
+    assert ag.exposed_s == pytest.approx(max(0.0, t_ag - 0.85 * st.fwd))
