@@ -129,8 +129,10 @@ def _scaled_moe(m: ModelSpec, plan: Plan, s: Scale, d_model: int, notes: list[st
     if m.n_dense_layers and not dense:
         why = "pipeline stages run alike layers" if plan.pp > 1 else "the one scaled layer is a MoE layer"
         notes.append(f"leading dense layers dropped ({why})")
+    # node-limited routing (router_groups) is dropped: it changes which experts a token picks, not the step's cost
     return dict(n_experts=e, experts_per_token=k, moe_ffn_dim=_round_up(d_model, plan.tp), n_dense_layers=dense,
-                n_shared_experts=min(m.n_shared_experts, 2), capacity_factor=1.0)
+                n_shared_experts=min(m.n_shared_experts, 2), capacity_factor=1.0, router_groups=0,
+                router_group_topk=0)
 
 
 def _scaled_mla(m: ModelSpec, head_dim: int, d_model: int) -> tuple[int, dict]:
