@@ -195,20 +195,22 @@ def print_flags(s, console) -> None:
 def export_conventions(cons: Constraints, export: str | None, framework: str | None, precision: str,
                        chip) -> tuple[Constraints, str]:
     """(constraints, framework) for the search. The framework is --framework, else the --export format's, else the
-    chip's default (planner.solve.default_framework); under megatron only the plans Megatron-LM runs exactly as
-    costed are searched (planner.export_megatron.megatron_constraints), as under maxtext only MaxText's."""
+    chip's default (planner.solve.default_framework); under Megatron-Core (megatron, nemo) only the plans it runs
+    exactly as costed are searched (planner.export_megatron.megatron_constraints), as under maxtext only MaxText's."""
     from planner.solve import default_framework
 
     if export in ("maxtext", "megatron") and framework not in (None, export):
         raise InputError(f"--framework {framework}: --export {export} searches under {export}'s conventions; "
                          f"drop --framework or give --framework {export}")
+    from costmodel.framework import framework as record
+
     framework = framework or (export if export in ("maxtext", "megatron") else default_framework(chip))
-    if framework == "megatron":
+    if record(framework).megatron_core:
         from planner.export_megatron import megatron_constraints
 
         if precision == "int8":
-            raise InputError("--precision int8: Megatron-LM trains in bf16, fp16 or fp8; expected bf16 or fp8 "
-                             "under --framework megatron")
+            raise InputError(f"--precision int8: Megatron-LM trains in bf16, fp16 or fp8; expected bf16 or fp8 "
+                             f"under --framework {framework}")
         cons = megatron_constraints(cons)
     return cons, framework
 

@@ -82,6 +82,8 @@ class Framework:
     vocab_tiling: bool = False  # logits and loss in token chunks (vocab_tiles > 1)
     cp_chunks: int = 1  # seq_len must divide into cp_chunks * cp chunks (load-balanced causal cp: 2)
     optimizer_offload_needs_zero: bool = False  # optimizer CPU offload only with the distributed optimizer
+    megatron_core: bool = False  # runs Megatron-Core: `suggest` searches only its plan space (no fsdp axis, ZeRO 0/1,
+    # remat none/selective/full, parameters on the GPU: planner.export_megatron.megatron_constraints)
     # ---- data-parallel synchronisation
     param_gather: str = WITH_GRADS  # the distributed optimizer's parameter all-gather (WITH_GRADS, ...: above)
 
@@ -109,7 +111,7 @@ MAXTEXT = Framework(
 MEGATRON = Framework(
     # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
     "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
-    optimizer_offload_needs_zero=True)
+    optimizer_offload_needs_zero=True, megatron_core=True)
 PYTORCH_FSDP = Framework(
     # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
     "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)

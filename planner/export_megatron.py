@@ -65,21 +65,21 @@ MEGATRON_POLICIES = ("full", "selective", "none")  # most recompute first (neare
 
 
 def megatron_constraints(cons: Constraints) -> Constraints:
-    """The search space of plans Megatron-LM runs exactly as costed (`suggest --export megatron`): no fsdp axis,
+    """The search space of plans Megatron-LM runs exactly as costed (`suggest` under megatron or nemo): no fsdp axis,
     ZeRO 0 or 1, remat none / selective / full, parameters on the GPU. A pin outside it is an input error."""
     fsdp = cons.fixed.get("fsdp", 1)
     if fsdp != 1:
-        raise InputError(f"--fix fsdp={fsdp}: Megatron-LM has no fully-sharded axis; expected fsdp=1 with --export "
-                         "megatron")
+        raise InputError(f"--fix fsdp={fsdp}: Megatron-LM has no fully-sharded axis; expected fsdp=1 "
+                         "under Megatron-LM")
     if cons.fixed.get("zero", 0) > 1:
         raise InputError(f"--fix zero={cons.fixed['zero']}: Megatron's distributed optimizer is ZeRO-1; expected "
-                         "zero=0 or 1 with --export megatron")
+                         "zero=0 or 1 under Megatron-LM")
     if cons.remat is not None and named_policy(cons.remat, MEGATRON_POLICIES) is None:
         raise InputError(f"--fix remat={cons.remat.name}: Megatron-LM recomputes none, selective (core attention) "
-                         f"or full layers; expected one of {', '.join(MEGATRON_POLICIES)} with --export megatron")
+                         f"or full layers; expected one of {', '.join(MEGATRON_POLICIES)} under Megatron-LM")
     if cons.offload_params:
-        raise InputError("--fix offload_params=1: Megatron-LM keeps parameters on the GPU; expected 0 with "
-                         "--export megatron")
+        raise InputError("--fix offload_params=1: Megatron-LM keeps parameters on the GPU; expected 0 under "
+                         "Megatron-LM")
     limits = Constraints(max_tp=cons.max_tp, fixed={"fsdp": 1}, offload_params=False,
                          policies=tuple(REMAT_POLICIES[n] for n in MEGATRON_POLICIES))
     return replace(cons, fixed={**cons.fixed, "fsdp": 1}, offload_params=False, policies=limits.policies,
