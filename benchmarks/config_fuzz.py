@@ -99,7 +99,7 @@ def good_files(tmp: Path) -> dict[str, object]:
     call(["estimate", "-m", "mixtral-8x7b", "-H", "tpu-v5p", "-n", "64", "--fsdp", "16", "--ep", "4", "-b", "256",
           "--save-plan", str(tmp / "mt_plan.yml")])
     call(["export", "--plan", str(tmp / "mt_plan.yml"), "--format", "maxtext", "-o", str(tmp / "maxtext.yml")])
-    call(["estimate", "-m", "llama3-70b", "-H", "h100-sxm", "-n", "64", "--tp", "8", "--pp", "2", "--dp", "4",
+    call(["estimate", "-m", "llama3-70b", "-H", "h100-sxm", "-n", "64", "--tp", "8", "--pp", "4", "--dp", "2",
           "-b", "256", "--framework", "megatron", "--save-plan", str(tmp / "mg_plan.yml")])
     call(["export", "--plan", str(tmp / "mg_plan.yml"), "--format", "megatron", "-o", str(tmp / "megatron.sh")])
     return {"model": yaml.safe_load((ROOT / "costmodel/models/llama3-8b.yaml").read_text()),

@@ -5,7 +5,8 @@ For every source S of a chip family, the evidence is rebuilt without S (costmode
 fitted rows, their best MFU, the leave-source-out residuals of the other sources) and each row of S gets the interval
 of its leave-source-out prediction (costmodel.interval.step_time_interval). The prediction's MFU is the row's model
 FLOPs over the predicted time; the host-transfer term uses the default efficiencies (rows with offload are few).
-Fitted on runs_dev.csv + maxtext2023-v5p.csv (the shipped procedure), every file of data/runs predicted.
+Fitted on runs_dev.csv + maxtext2023-v5p.csv with the shipped procedure (every row weight 1, priors on), every
+file of data/runs predicted.
 Usage: python benchmarks/interval_coverage.py [--out benchmarks/interval_coverage_report.txt]
 """
 
@@ -65,7 +66,7 @@ def main() -> None:
     cases = fitted_cases + rest
     fitted = {id(c) for c in fitted_cases if c.chip.name not in calibrate.LENDER}
     pool = {c.source for c in fitted_cases}
-    records = holdout.leave_source_out(cases, calibrate.fit_rows_unweighted, pool=pool)
+    records = holdout.leave_source_out(cases, calibrate.Procedure("rows", priors=True), pool=pool)
     base = {}
     mfu = {}
     for c in cases:
