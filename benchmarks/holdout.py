@@ -1,19 +1,13 @@
 """Out-of-sample accuracy of the step-time model: refit the efficiency parameters without the rows being predicted.
 
-Default: every runs CSV in data/runs/ (a file with the runs schema's columns; published_runs_dev.csv, the raw
-transcription behind runs_dev.csv, is not one). Splits (costmodel.holdout), per chip family:
-  in-sample            fit on all of the family's rows (what the overlays are);
-  leave-source-out     each source predicted by a fit on the family's other sources (one source: the defaults);
-  leave-framework-out  each framework predicted by a fit on the family's other frameworks;
-  leave-scale-out      a fit on rows with chips <= N (the family's median) predicts the larger runs.
-The fit is costmodel.calibrate.fit_sources (each source the same total weight, at most 40 rows of a source per
-chip); --priors on penalizes it towards hardware/priors.yaml (costmodel.calibrate.Procedure(priors=True): a family
-with no training row is then predicted with the prior means instead of the defaults), both runs it each way.
---compare adds leave-source-out of the shipped overlays' procedure (every row weight 1, fitted on runs_dev.csv +
-maxtext2023-v5p.csv, every row of every file predicted) with priors off and on, and the change per family.
+Counts, per chip family, the error of every row of every runs CSV in data/runs/ predicted by fits that never saw
+it: in-sample, leave-source-out, leave-framework-out, leave-scale-out (costmodel.holdout). The fit is
+costmodel.calibrate.fit_sources; --priors on penalizes it towards hardware/priors.yaml; --compare adds the
+shipped overlays' procedure (every row weight 1, fitted on runs_dev.csv + maxtext2023-v5p.csv).
 Usage: python benchmarks/holdout.py [--file F ...] [--priors off|on|both] [--compare] [--write]
 --write saves benchmarks/holdout_report.txt (with --compare, --priors both). About 3 minutes on one core per
 setting of --priors, 1.5 more per setting with --compare.
+(details: docs/accuracy.md, 'Held-out splits: benchmarks/holdout.py')
 """
 
 from __future__ import annotations

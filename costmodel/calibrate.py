@@ -6,13 +6,9 @@ that has a prior in hardware/priors.yaml is pulled by ((x - mean) / sd)^2 instea
 of RESIDUAL_SD. One set of <= 11 numbers per chip, written as an overlay (hardware/calibration/NAME.yaml) only when
 asked (`planner calibrate --write-shipped`, or `--overlay-dir DIR`).
 
-Sources weigh the same by default (--weighting sources, issue 28): the rows of one source share its systematic
-error, so past a few rows a source adds little independent information. Each source's rows get equal total weight
-(mean row weight 1), and a source enters with at most MAX_ROWS_PER_SOURCE rows per chip, a deterministic subsample
-spread over its shapes and scales (fit_rows). --weighting rows (every row weight 1) is what the shipped overlays
-use on runs_dev.csv + maxtext2023-v5p.csv, whose leave-source-out figure is the better one
-(benchmarks/holdout_report.txt). `planner calibrate --write-shipped` also stores the leave-source-out accuracy of
-the procedure it ran (hardware/calibration/accuracy.yaml, costmodel.holdout).
+--weighting sources (default, issue 28): each source's rows get equal total weight, at most MAX_ROWS_PER_SOURCE
+rows per chip (fit_rows); --weighting rows (every row weight 1) is what the shipped overlays use.
+(details: docs/accuracy.md, 'Calibration: how sources are weighted')
 """
 
 from __future__ import annotations

@@ -2,28 +2,13 @@
 
 Pure functions, no printing. Every split returns one record (a dict) per predicted row:
   split, id, source, framework, family, chip, chips, predicted_s, measured_s, error_pct, log_residual, predicted_by
-family is the chip family (costmodel.calibrate.family: the calibration group, a100-40gb + a100-80gb -> a100; a
-borrower such as h200 or b200 is its own family), log_residual = log(predicted / measured), predicted_by says what
-predicted the row: 'fit' (a fit on the training rows), 'defaults' (no training row: the default efficiencies of
-hardware.chip.Efficiency, the prior every fit starts from), 'priors' (no training row, and the fit is
-costmodel.calibrate.Procedure(priors=True): the prior means of hardware/priors.yaml), or 'lender fit' / 'lender
-defaults' / 'lender priors' for a borrower's rows (costmodel.calibrate.BORROWERS: never fitted, predicted with their
-lender's parameters).
-
-Splits, each within a fit family (a calibration group together with the chips that borrow its fit):
-  in_sample            every row predicted by the fit on all of its family's fitted rows (for comparison only).
-  leave_source_out     every row of source S predicted by a fit on the family's rows of the other sources. A family
-                       measured by one source has no other: its rows are predicted with the defaults, no fit, which
-                       is the honest out-of-source figure for a chip that only one source has measured.
-  leave_framework_out  the same with the row's framework column (nemo, nanotron, torchtitan, mosaic, maxtext, ...;
-                       'other' holds AXLearn and Levanter together, so leaving it out removes both).
-  leave_scale_out      a fit on the family's rows with chips <= N predicts its rows with chips > N, N being the median
-                       chip count of the family's fitted rows (one rule for every family, not tuned).
-Fits go through `fit` (default costmodel.calibrate.fit_sources: sources weighted equally, at most 40 rows of a
-source per chip) and are reused within a call when two folds train on the same rows. `pool`, when given, names the
-sources whose rows may be fitted: rows of other sources are only predicted (out of source for every fit), which is
-how a calibration on some files is scored on rows of others. Predictions use only the fitted (or default)
-efficiencies, never the shipped overlays.
+with log_residual = log(predicted / measured) and predicted_by what predicted the row ('fit', 'defaults', 'priors'
+or 'lender ...'). Splits, each within a fit family (costmodel.calibrate.family with the chips that borrow its fit):
+in_sample, leave_source_out (a family measured by one source: the defaults), leave_framework_out, leave_scale_out
+(a fit on rows with chips <= the family's median chip count predicts the larger runs). Fits go through `fit`
+(default costmodel.calibrate.fit_sources); `pool` names the sources whose rows may be fitted. Predictions use only
+the fitted (or default) efficiencies, never the shipped overlays.
+(details: docs/accuracy.md, 'Held-out splits: costmodel/holdout.py')
 """
 
 from __future__ import annotations

@@ -1,45 +1,16 @@
 """Plan file -> MaxText 0.2.5 config (a YAML of overrides for MaxText's base.yml).
 
 Key names are those of maxtext==0.2.5 on PyPI (src/maxtext/configs/base.yml; snapshot of the names in
-planner/maxtext_0_2_5_keys.txt). Mapping (plan -> MaxText):
-
-  degrees          ici_{data,fsdp,tensor,context,pipeline,expert}_parallelism inside a slice and
-                   dcn_*_parallelism across slices (TPU: costmodel.estimate.dcn_split; GPU: a "slice" is one
-                   NVLink node, axes filled innermost first: tensor, context, expert, fsdp, pipeline, data);
-                   num_slices. The ICI product is the devices per slice, the DCN product the number of slices.
-  batch            per_device_batch_size = global_batch / (chips * gradient_accumulation_steps); MaxText's global
-                   batch = per_device_batch_size * devices * gradient_accumulation_steps. Without pipelining
-                   gradient_accumulation_steps = the plan's accumulation (micro_batch sequences per batch shard per
-                   micro-step). With pp > 1 the micro-batches stream through one pipeline flush:
-                   gradient_accumulation_steps = 1, num_pipeline_microbatches = the accumulation (MaxText wants a
-                   multiple of the stage count), num_layers_per_pipeline_stage = n_layers / (pp * vpp) so that
-                   MaxText's circular pipeline runs vpp repeats.
-  zero             1 -> shard_optimizer_over_data (ZeRO-1 over `data`); the fsdp axis is MaxText's fsdp (ZeRO-3).
-  remat            a named remat_policy when the per-tensor choices equal one of MaxText's (our 'none' is
-                   minimal_with_context, 'selective' is minimal), else custom with decoder_layer_input,
-                   query/key/value_proj, context, out_proj, mlpwi_0/mlpwi_1 (mlpwi for plain MLPs), mlpwo.
-  offload          optimizer_memory_host_offload, parameter_memory_host_offload.
-  precision        dtype bfloat16 (float16 for fp16), weight_dtype from the job
-                   (float32, MaxText's default, or bfloat16),
-                   quantization int8 / fp8.
-  scan_layers      from the job (true, MaxText's default: the layers run under one lax.scan).
-  model            the shape keys, then what builds the model (costmodel.model's build fields): model_name for a
-                   preset whose MaxText configs/models file holds it (MaxText merges that file over these keys and
-                   routes DeepSeek-V3 by it), normalization_layer_epsilon, enable_dropout, mlp_activations,
-                   rope_max_timescale and RoPE scaling (rope_type llama3.1 | yarn with its keys |
-                   rope_linear_scaling_factor), the deepseek block's router (routed_score_func,
-                   routed_scaling_factor, routed_bias, n_routing_groups, topk_routing_group). What the decoder block
-                   builds its own way (RMSNorm, full RoPE, no biases) is noted when the model differs.
-
-Not expressible in MaxText (exported as the nearest plan, with a warning): ZeRO-2/3 over the data axis (ZeRO-3
-becomes the fsdp axis, ZeRO-2 becomes ZeRO-1), ZeRO-1 together with an fsdp axis (MaxText 0.2.5 refuses
-shard_optimizer_over_data with fsdp > 1: zero becomes 0), tensor parallelism without sequence-sharded activations
-(MaxText always shards the residual stream over `tensor`), a pipeline whose micro-batch count is not a multiple
-of the stage count (the micro-batch size is lowered until it is).
-
+planner/maxtext_0_2_5_keys.txt). Each plan field maps to MaxText keys: degrees -> ici_*/dcn_*_parallelism and
+num_slices; batch -> per_device_batch_size and gradient_accumulation_steps (num_pipeline_microbatches with
+pp > 1); zero 1 -> shard_optimizer_over_data; remat -> remat_policy; offload, precision, scan_layers and the
+model's shape and build keys. What MaxText cannot express (ZeRO-2/3 over data, ZeRO-1 with fsdp, tensor
+parallelism without sequence-sharded activations, a micro-batch count not a multiple of the stage count) is
+exported as the nearest plan, with a warning.
 Names are data, never code (issue 31): every value is written by PyYAML's emitter (`_value`), every comment line
-through export_megatron.comment (line breaks, including YAML 1.1's U+0085 and U+2028, and control characters
-escaped), so whatever a model or hardware name holds, the file parses to exactly the planner's keys.
+through export_megatron.comment, so whatever a model or hardware name holds, the file parses to exactly the
+planner's keys.
+(details: docs/exports.md, 'MaxText')
 """
 
 from __future__ import annotations

@@ -1,50 +1,16 @@
 """Plan file -> Megatron-LM arguments for pretrain_gpt.py, written as a bash file that defines MEGATRON_ARGS.
 
 Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025-05 tree and the 2026 HEAD, see
-/work/shared/reference/hardware_and_configs.md Part 3). Mapping (plan -> Megatron):
-
-  degrees     --tensor-model-parallel-size, --pipeline-model-parallel-size, --context-parallel-size,
-              --expert-model-parallel-size; Megatron's data-parallel size is world / (TP * PP * CP), which is our
-              dp * fsdp * ep (expert parallelism is carved out of the data-parallel ranks).
-  vpp         --num-layers-per-virtual-pipeline-stage n_layers / (pp * vpp); with an uneven split
-              --num-virtual-stages-per-pipeline-rank vpp
-  uneven pp   --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers when pp * vpp does not
-              divide n_layers (costmodel.plan.pipeline_split: the middle stages take the rest evenly)
-  batch       --micro-batch-size (sequences per data-parallel rank per micro-step = our micro_batch),
-              --global-batch-size; Megatron requires GBS % (MBS * DP) == 0 and runs GBS / (MBS * DP) micro-batches.
-  zero        1 -> --use-distributed-optimizer (+ --overlap-param-gather)
-  SP          --sequence-parallel (only meaningful with TP > 1)
-  remat       none -> no flag; selective -> --recompute-granularity selective;
-              full -> --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
-  offload     --optimizer-cpu-offload --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer
-  precision   --bf16; fp8 -> --bf16 --fp8-format hybrid; fp16 -> --fp16
-  model       --num-layers --hidden-size --ffn-hidden-size --num-attention-heads --kv-channels
-              [--group-query-attention --num-query-groups] [--qk-layernorm] [--swiglu | --squared-relu]
-              [--untie-embeddings-and-output-weights] --normalization [--apply-layernorm-1p] --norm-epsilon
-              --position-embedding-type (rope: --rotary-base --rotary-percent [--use-rope-scaling
-              --rope-scaling-factor]) [--disable-bias-linear] --attention-dropout --hidden-dropout
-              --seq-length --max-position-embeddings --vocab-size --make-vocab-size-divisible-by; MoE:
-              --num-experts --moe-router-topk --moe-ffn-hidden-size [--moe-shared-expert-intermediate-size]
-              [--moe-layer-freq] [--moe-expert-capacity-factor] --moe-router-score-function
-              [--moe-router-pre-softmax] [--moe-router-topk-scaling-factor] [--moe-router-enable-expert-bias
-              --moe-router-bias-update-rate] [--moe-router-num-groups --moe-router-group-topk]; MLA:
-              --multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
-              and YaRN's --rotary-scaling-factor --mscale --mscale-all-dim (or --rope-type rope, a flag of the trees
-              since 2025-07; every other flag here is in the 2025-05 tree too). Megatron takes the
-              vocabulary from the tokenizer and pads it to a multiple of --make-vocab-size-divisible-by * TP; the
-              divisor written keeps --vocab-size exact under NullTokenizer (megatron/core/tokenizers since 2026-02;
-              the 2025 trees' _NullTokenizer adds an EOD token first).
-
-Not expressible (exported as the nearest plan, with a warning and both predicted costs): an fsdp axis or ZeRO-2/3
-(-> data parallel with the distributed optimizer, ZeRO-1), remat choices other than none/selective/full (-> the
-policy keeping the most similar set of tensors in HBM), activation offload, parameter offload, optimizer offload
-without the distributed optimizer, int8 matmuls (-> bf16). Model settings the arguments cannot carry are noted
-(ALiBi, a gated GeLU MLP, RoPE scaling other than Llama 3.1's or MLA's YaRN, sliding windows and their RoPE base).
-
+/work/shared/reference/hardware_and_configs.md Part 3). Each plan field maps to flags: degrees -> the
+--*-model-parallel-size and --context-parallel-size flags (Megatron's data-parallel size, world / (TP * PP * CP),
+is our dp * fsdp * ep); vpp and uneven pp -> per-stage layer counts; batch -> --micro-batch-size and
+--global-batch-size; zero 1 -> --use-distributed-optimizer; remat, offload, precision and the model -> their flags.
+What the arguments cannot express (fsdp or ZeRO-2/3, other remat choices, activation or parameter offload, int8)
+is exported as the nearest plan, with a warning and both predicted costs.
 Names are data, never code (issue 31): every argument is written through shlex.quote, and every comment line
-through hardware.errors.escape, which writes line breaks (\\n, \\r, U+0085, U+2028) and control characters as
-escapes, so no name or path can end its comment and start a command. Inside a comment that cannot end, shell
-syntax is inert: a name like x$(touch pwned) or `id` is text bash never expands.
+through hardware.errors.escape (line breaks and control characters as escapes), so no name or path can end its
+comment and start a command.
+(details: docs/exports.md, 'Megatron-LM')
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """The search: the K fastest plans that fit, over every mesh candidate and every remat/offload assignment.
 
 Outer loop: best-first over mesh candidates (planner/candidates.py) with admissible lower bounds on a mesh's
-best step time, so that only meshes that could enter the top K are solved:
-
-  LB0 (no estimate() call; cached per tp, cp, pp, micro_batch): grad_accum micro-steps of forward + backward
-      compute and three passes of memory-bound ops, plus the 1F1B bubble of the same, plus the fixed overhead.
-      Every step time contains these terms at least (recompute and a fourth memory-bound pass only add).
-  LB0 + the MoE token all-to-alls over ep (no estimate() call: the mesh's ep link and the count with nothing
-      rerun, costmodel.estimate.expert_exchange_floor_s), which no choice hides or avoids.
-  LB1 (one estimate() of the mesh with nothing recomputed or offloaded, 'none'): its step time minus the exposed
-      fsdp traffic that recompute can hide (planner.remat.hideable: the gradient reduce-scatter, or a MaxText
-      pipeline's backward weight re-gathers) and (where optimizer offload is allowed) the optimizer update. Remat
-      only adds time, except that recompute can hide that traffic and optimizer offload removes the on-chip
-      update; offload traffic only adds.
-  Before LB1, a mesh whose least-memory assignment (costmodel.memory alone) overflows HBM is dropped.
-
-Meshes are popped in bound order; a popped LB0 entry is refined (with ep, then to LB1) and pushed back; a popped
-LB1 entry is solved exactly (planner/remat.py: CP-SAT over the probed surrogate, verified with estimate()). The
-search stops when the next bound exceeds the K-th best verified step time, so the result equals what evaluating
-every mesh would give (`exhaustive=True` does that, without pruning, to check it).
-
+best step time, so that only meshes that could enter the top K are solved: LB0 (compute, memory-bound passes,
+1F1B bubble and fixed overhead; no estimate() call), LB0 + the MoE all-to-alls over ep, and LB1 (one estimate()
+with nothing recomputed or offloaded, less what remat or optimizer offload can remove); a mesh whose least-memory
+assignment overflows HBM is dropped. A popped LB0 entry is refined and pushed back; a popped LB1 entry is solved
+exactly (planner/remat.py: CP-SAT over the probed surrogate, verified with estimate()). The search stops when the
+next bound exceeds the K-th best verified step time, so the result equals what evaluating every mesh would give
+(`exhaustive=True` does that, without pruning, to check it).
 Order of plans (and ties): step time, then peak memory, then the canonical mesh tuple (dp, fsdp, tp, cp, pp,
 ep, vpp, micro_batch, zero, slices), then the remat/offload choice. One plan per mesh in the top K.
+(details: docs/search.md, 'Lower bounds and pruning')
 """
 
 from __future__ import annotations
