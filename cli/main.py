@@ -35,7 +35,16 @@ def _options(
 
 def _register() -> None:
     """Attach the command groups (each module adds its commands to `app`)."""
-    from cli import catalog_cmds, estimate_cmds, explore_cmds, goodput_cmds, plan_cmds, suggest_cmds, validate_cmds  # noqa: F401
+    from cli import (  # noqa: F401
+        catalog_cmds,
+        estimate_cmds,
+        explore_cmds,
+        goodput_cmds,
+        plan_cmds,
+        suggest_cmds,
+        validate_cmds,
+        verify_cmds,
+    )
 
 
 # type name (typer's bare type, or click's type name in older typer) -> the metavar shown in --help

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -12,7 +14,8 @@ import typer
 from cli import options as o
 from cli.main import app
 from cli.render import plan_dict, print_json
-from hardware.errors import InputError
+from cli.verify_cmds import MAXTEXT_ENV
+from hardware.errors import InputError, escape
 
 if TYPE_CHECKING:
     from planner.candidates import Constraints
@@ -241,6 +244,77 @@ def check_export_args(export: str | None, out: str | None, as_json: bool) -> Non
         raise InputError("--export with --json: give --out FILE so that stdout stays one JSON object")
 
 
+@dataclass(frozen=True)
+class PlanRefs:
+    """The model and hardware as the user named them (written into the exported configs' comments)."""
+
+    model: str
+    hardware: str
+
+
+@dataclass
+class Checked:
+    """--verify's outcome: id(PlanResult) -> planner.verify.Verified for the kept plans; the refused, in order."""
+
+    kept: dict = field(default_factory=dict)
+    dropped: list = field(default_factory=list)  # (PlanResult, Verified)
+
+
+def verify_env(k: int, maxtext_env: str | None, chip, framework: str) -> Path | None:
+    """The MaxText Python for --verify K (None without it), checked before the search: TPU plans under maxtext
+    only, and an environment that has maxtext (planner.verify.find_env)."""
+    if not k:
+        if maxtext_env is not None:
+            raise InputError("--maxtext-env: needs --verify K")
+        return None
+    o.positive("--verify", k)
+    if chip.vendor != "tpu" or framework != "maxtext":
+        raise InputError(f"--verify: verification compiles TPU plans under MaxText (train_compile); this search is "
+                         f"on {chip.vendor.upper()}s under {framework} (expected a TPU and --framework maxtext)")
+    from planner.verify import find_env
+
+    return find_env(maxtext_env)
+
+
+def verify_top(s, k: int, python: Path, refs: PlanRefs) -> Checked:
+    """Compile the top `k` plans one at a time (progress on stderr); those the compiler refuses leave s.plans."""
+    from planner.planfile import PlanFile
+    from planner.verify import verify_plan
+
+    checked = Checked()
+    top = s.plans[:k]
+    for i, r in enumerate(top, 1):
+        typer.echo(f"verify {i}/{len(top)}: compiling {degrees(r.plan)} with MaxText's train_compile ...", err=True)
+        pf = PlanFile(model=s.model, hardware=s.chip, chips=s.chips, job=s.job, plan=r.plan, model_ref=refs.model,
+                      hardware_ref=refs.hardware)
+        v = verify_plan(pf, python)
+        typer.echo(f"  {escape(v.line())}", err=True)
+        if v.refused:
+            checked.dropped.append((r, v))
+        else:
+            checked.kept[id(r)] = v
+    s.plans = [r for r in s.plans if all(r is not d for d, _ in checked.dropped)]
+    return checked
+
+
+def print_verified(s, checked: Checked) -> None:
+    """The compiler's memory beside the prediction for each verified plan, then the refused ones."""
+    for i, r in enumerate(s.plans, 1):
+        if id(r) in checked.kept:
+            typer.echo(f"verified #{i}: {escape(checked.kept[id(r)].line())}")
+    for r, v in checked.dropped:
+        typer.echo(f"dropped ({degrees(r.plan)}; micro-batch {r.plan.micro_batch}): {escape(v.line())}")
+
+
+def add_verified_json(out: dict, s, checked: Checked) -> None:
+    """--json: each verified plan's 'verify' object, and the refused plans under 'verify_dropped'."""
+    for d, r in zip(out["plans"], s.plans, strict=True):
+        if id(r) in checked.kept:
+            d["verify"] = checked.kept[id(r)].to_dict()
+    out["verify_dropped"] = [{"plan": plan_dict(r.plan), "degrees": r.plan.degrees(), "verify": v.to_dict()}
+                             for r, v in checked.dropped]
+
+
 @app.command(short_help="Search for the fastest plans that fit in memory.")
 def suggest(
     model: str = o.MODEL,
@@ -277,6 +351,10 @@ def suggest(
                                    "listed first; plans that fit only inside it follow, marked *."),
     rank: str = typer.Option("conservative", "--rank", help="conservative: by the slow end of each plan's 80 % "
                              "step-time range; expected: by the predicted step time.", metavar="ORDER"),
+    verify: int = typer.Option(0, "--verify", metavar="K", help="Compile the top K plans with MaxText's own "
+                               "train_compile (TPU plans under maxtext; minutes each): the compiler's per-chip "
+                               "memory beside the prediction; plans it refuses are dropped."),
+    maxtext_env: str = MAXTEXT_ENV,
 ) -> None:
     """Search meshes, micro-batching, remat and offload for the fastest plans that fit in memory."""
     from planner.candidates import default_batch_for, parse_fix
@@ -293,6 +371,7 @@ def suggest(
         raise InputError(f"--headroom: expected a percent of the usable HBM from 0 to below 100, got {headroom}")
     named = framework
     cons, framework = export_conventions(parse_fix(fix, max_tp, slices), export, framework, precision, chip)
+    python = verify_env(verify, maxtext_env, chip, framework)
     note = ""
     if global_batch is None:
         o.make_job(seq_len, 1, precision, framework)  # check the job fields first
@@ -316,12 +395,21 @@ def suggest(
                                            "(--framework to change)") if x)
     if budget is not None:
         rerank_by_time_to_train(result, budget, price)
+    checked = verify_top(result, verify, python, PlanRefs(model, hardware)) if python else None
     if as_json:
-        print_json({**suggestion_dict(result), "notes": [note] if note else []})
+        out = suggestion_dict(result)
+        if checked is not None:
+            add_verified_json(out, result, checked)
+        print_json({**out, "notes": [note] if note else []})
     else:
         if note:
             typer.echo(f"note: {note}")
-        print_suggestion(result)
+        if result.plans or checked is None:
+            print_suggestion(result)
+        if checked is not None:
+            print_verified(result, checked)
+    if checked is not None and not result.plans:
+        raise o.nothing_fits(f"--verify {verify}: MaxText's compiler refused every plan found")
     if not result.plans:  # an answer, not bad input: printed in full, but scripts (--save, --export) must see it
         raise typer.Exit(1)
     best = result.plans[0]

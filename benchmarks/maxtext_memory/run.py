@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repo root: the log parser lives in planner/verify.py (stdlib only)
+from planner.verify import FLOPS_RE, OOM_RE, parse_memory, total_bytes  # noqa: E402
+
 RESULTS = HERE / "results.csv"
 MODELS_CSV = HERE / "models.csv"
 OUT_DIR = Path(os.environ.get("MAXTEXT_OUT", "/work/maxtext-out"))
@@ -195,10 +198,6 @@ CONFIGS: list[Config] = [
     Config("l3-8b_v6e8_b2_s8192_saveqkv", "llama3-8b", "v6e-8", 2, 8192, "save_qkv_proj"),
 ]
 
-MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
-FLOPS_RE = re.compile(r"'flops': ([0-9.eE+]+)")
-OOM_RE = re.compile(r"RESOURCE_EXHAUSTED: [^\n]{0,300}?(?=\. HLO module|$)", re.M)
-
 
 def maxtext_dir() -> Path:
     import maxtext  # noqa: PLC0415  (only importable inside the MaxText env)
@@ -223,13 +222,6 @@ def chips_for(topology: str, mt: Path) -> int:
         return int(m.group(1))
     gen, n = topology.split("-")
     return int(n) // 2 if gen in ("v4", "v5p") else int(n)
-
-
-def parse_memory(text: str) -> dict[str, int] | None:
-    m = MEM_RE.findall(text)
-    if not m:
-        return None
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m[-1])}
 
 
 def read_rows() -> list[dict]:
@@ -319,7 +311,7 @@ def run_one(cfg: Config, mt: Path, timeout: int) -> dict:
     if mem and status == "ok":
         a, o, al, t = (mem["argument_size_in_bytes"], mem["output_size_in_bytes"],
                        mem["alias_size_in_bytes"], mem["temp_size_in_bytes"])
-        total = a + o - al + t
+        total = total_bytes(mem)
         fl = FLOPS_RE.search(text)
         row.update({
             "argument_bytes": a, "output_bytes": o, "alias_bytes": al, "temp_bytes": t,
