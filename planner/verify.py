@@ -34,6 +34,7 @@ DEFAULT_TIMEOUT_S = 1500  # run.py's per-compile default: 1-3 min on 2 cores for
 MEM_RE = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)\s*$", re.M)
 FLOPS_RE = re.compile(r"'flops': ([0-9.eE+]+)")
 OOM_RE = re.compile(r"RESOURCE_EXHAUSTED: [^\n]{0,300}?(?=\. HLO module|$)", re.M)
+ERROR_LINE_RE = re.compile(r"^[\w.]*(Error|Exception)\b")  # 'jax.errors.JaxRuntimeError: ...', 'ValueError: ...'
 GIB = 2**30
 
 
@@ -73,8 +74,10 @@ def classify(text: str, rc: int) -> tuple[str, dict[str, int], str]:
         return "ok", mem, ""
     if oom := OOM_RE.search(text):  # XLA refuses a step that does not fit in HBM
         return "oom", {}, oom.group(0)
-    tail = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("I1", "W1", "I0", "W0"))][-3:]
-    return "error", {}, f"rc={rc}: " + " | ".join(tail)[-400:]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(("I1", "W1", "I0", "W0"))]
+    raised = [ln for ln in lines if ERROR_LINE_RE.match(ln)]  # the exception's own line, else the last line
+    last = (raised or lines or ["no output"])[-1]
+    return "error", {}, f"rc={rc}: " + (last if len(last) <= 400 else last[:397] + "...")
 
 
 # ---- the environment ---------------------------------------------------------------------------------------

@@ -29,9 +29,9 @@ from planner.verify import (
 )
 
 PLANNER = str(Path(sys.executable).with_name("planner"))
-# A CompiledMemoryStats line as MaxText 0.2.5 logs it (jax's repr), with the byte counts of results.csv's
-# l2-7b_v5p8_b1_s2048_full row.
-STATS = ("I1206 03:44:01.123 140003955678080 train_compile.py:270] Memory analysis: CompiledMemoryStats("
+# A CompiledMemoryStats line as MaxText 0.2.5's train_compile prints it (jax's repr), with the byte counts of
+# results.csv's l2-7b_v5p8_b1_s2048_full row.
+STATS = ("Memory analysis: CompiledMemoryStats("
          "generated_code_size_in_bytes=32458752, argument_size_in_bytes=20215300096, "
          "output_size_in_bytes=20215265024, alias_size_in_bytes=20215259136, temp_size_in_bytes=12291317888, "
          "host_generated_code_size_in_bytes=0, host_argument_size_in_bytes=0, host_output_size_in_bytes=0, "
