@@ -397,10 +397,10 @@ def suggest(
         rerank_by_time_to_train(result, budget, price)
     checked = verify_top(result, verify, python, PlanRefs(model, hardware)) if python else None
     if as_json:
-        out = suggestion_dict(result)
+        doc = suggestion_dict(result)
         if checked is not None:
-            add_verified_json(out, result, checked)
-        print_json({**out, "notes": [note] if note else []})
+            add_verified_json(doc, result, checked)
+        print_json({**doc, "notes": [note] if note else []})
     else:
         if note:
             typer.echo(f"note: {note}")
