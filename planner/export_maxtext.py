@@ -15,6 +15,7 @@ planner's keys.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from costmodel.estimate import dcn_split
 from costmodel.model import ROUTER_DEFAULTS
 from costmodel.plan import AXES, AXIS_ORDER_INNER_TO_OUTER, REMAT_POLICIES
 from hardware.errors import InputError
+from hardware.topology import slice_shape
 from planner.adapt import Adapted, named_policy
 from planner.export_megatron import comment, planner_hint
 from planner.planfile import PlanFile, model_ref_for
@@ -143,6 +145,27 @@ def mesh_split(pf: PlanFile, plan) -> tuple[dict[str, int], dict[str, int], int,
         return dict(deg), dict.fromkeys(AXES, 1), 1, (
             f"mesh: the degrees do not fill {node}-GPU nodes evenly; every axis is put on ICI in one slice")
     return ici, {a: deg[a] // ici[a] for a in AXES}, plan.chips // node, ""
+
+
+def whole_physical_axes(ici: dict[str, int], physical: tuple[int, ...]) -> bool:
+    """Whether every ICI axis above 1 is a product of whole torus dimensions: MaxText's create_device_mesh
+    (jax mesh_utils) refuses a logical axis that splits a physical one unless allow_split_physical_axes is set
+    (a 1024-way fsdp on an 8x8x16 slice: 512 is no product of 8, 8 and 16)."""
+    sizes = [v for v in ici.values() if v > 1]
+    dims = [d for d in physical if d > 1]
+    for owner in itertools.product(range(len(sizes)), repeat=len(dims)):
+        prods = [math.prod(d for d, o in zip(dims, owner, strict=True) if o == i) for i in range(len(sizes))]
+        if prods == sizes:
+            return True
+    return not sizes
+
+
+def _splits_physical_axes(ici: dict[str, int], chip, slice_chips: int) -> bool:
+    """The mesh needs allow_split_physical_axes on an orderable slice (no shape known: left to MaxText)."""
+    try:
+        return not whole_physical_axes(ici, slice_shape(chip, slice_chips))
+    except InputError:
+        return False
 
 
 def _per_device_batch(global_batch: int, chips: int, accum: int) -> float:
@@ -347,6 +370,8 @@ def maxtext_config(pf: PlanFile) -> tuple[dict[str, Any], Adapted]:
         keys[f"ici_{AXIS_KEYS[a]}_parallelism"] = ici[a]
     for a in AXES:
         keys[f"dcn_{AXIS_KEYS[a]}_parallelism"] = dcn[a]
+    if chip.scale_up.kind == "torus" and _splits_physical_axes(ici, chip, pf.chips // slices):
+        keys["allow_split_physical_axes"] = True
     if plan.pp > 1:
         keys["num_pipeline_microbatches"] = accum
         keys["num_layers_per_pipeline_stage"] = pf.model.n_layers // (plan.pp * plan.vpp)

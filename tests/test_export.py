@@ -859,3 +859,14 @@ def test_every_preset_export_resolves_in_maxtext_to_its_keys(tmp_path):
     for res in results:
         ours = yaml.safe_load(Path(res["file"]).read_text())
         assert len(res["got"]) >= 12 and {k: v for k, v in res["got"].items() if v != ours[k]} == {}, res["file"]
+
+
+def test_maxtext_export_allows_split_physical_axes_only_where_the_mesh_needs_it():
+    # an 8x8x16 v5p slice: fsdp 1024 spans all three dims; dp 2 x fsdp 512 needs a dim split (MaxText refused it)
+    from planner.export_maxtext import whole_physical_axes
+
+    assert whole_physical_axes({"fsdp": 1024}, (8, 8, 16)) and whole_physical_axes({"fsdp": 128, "tp": 8}, (8, 8, 16))
+    assert not whole_physical_axes({"dp": 2, "fsdp": 512}, (8, 8, 16))
+    whole = yaml.safe_load(export(pf("1T", "tpu-v5p", 1024, 4096, 1024, fsdp=1024), "maxtext", warn=None))
+    split = yaml.safe_load(export(pf("1T", "tpu-v5p", 1024, 4096, 1024, dp=2, fsdp=512), "maxtext", warn=None))
+    assert "allow_split_physical_axes" not in whole and split["allow_split_physical_axes"] is True
