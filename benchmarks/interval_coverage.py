@@ -76,11 +76,7 @@ def main() -> None:
             continue
         base[(c.source, c.id, c.chip.name)] = (c, c0)
         mfu[id(c)] = c0.mfu * c0.step_time_s / c.measured_step_time_s
-    members: dict[str, set] = {}
-    for c in cases:
-        members.setdefault(calibrate.family(c.chip.name), set()).add(c.chip.name)
-    members = {k: sorted(v) for k, v in members.items()}
-    lenders = {calibrate.family(b): calibrate.family(lend) for b, lend in calibrate.LENDER.items()}
+    members, lenders = evidence.family_map(cases)
     ev_by_source = {s: evidence_without(s, fitted, cases, records, mfu, members, lenders)
                     for s in sorted({r["source"] for r in records})}
     rows = []

@@ -179,17 +179,26 @@ def build(fit_files: list[str], eval_files: list[str] = (), fit=None) -> dict:
     summary = holdout.summarize(records, pool=pool)
     fitted: dict[str, list[Case]] = {}
     measured: dict[str, list[Case]] = {}
-    members: dict[str, set[str]] = {}
     for i, c in enumerate(fitted_cases + other):
         fam = calibrate.family(c.chip.name)
-        members.setdefault(fam, set()).add(c.chip.name)
         measured.setdefault(fam, []).append(c)
         if i < len(fitted_cases) and c.chip.name not in calibrate.LENDER:
             fitted.setdefault(fam, []).append(c)
+    return evidence_doc(fitted, measured, summary, *family_map(fitted_cases + other))
+
+
+def family_map(cases: list[Case]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """({family: its presets}, {borrowing family: lender family}) for the families of `cases`
+    (costmodel.calibrate's groups and borrowers)."""
+    from costmodel import calibrate
+
+    members: dict[str, set[str]] = {}
+    for c in cases:
+        members.setdefault(calibrate.family(c.chip.name), set()).add(c.chip.name)
     for chip, fam in calibrate.CALIBRATION_GROUPS.items():
         members.setdefault(fam, set()).add(chip)
     lenders = {calibrate.family(b): calibrate.family(lender) for b, lender in calibrate.LENDER.items()}
-    return evidence_doc(fitted, measured, summary, {k: sorted(v) for k, v in members.items()}, lenders)
+    return {k: sorted(v) for k, v in members.items()}, lenders
 
 
 def write(doc: dict, directory: Path = CALIBRATION_DIR, source: str = "") -> Path:
