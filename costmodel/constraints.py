@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from costmodel.framework import REGISTRY
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import Plan, busiest_stage_layers
+from costmodel.plan import SPLIT_FLAGS, Plan, busiest_stage_layers
 from hardware.chip import Chip
 from hardware.errors import InputError
 
@@ -19,6 +20,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
         raise InputError(f"tp: n_heads {m.n_heads} is not divisible by tp {plan.tp}")
     if plan.tp > 1 and m.n_kv_heads % plan.tp and plan.tp % m.n_kv_heads:
         raise InputError(f"tp: n_kv_heads {m.n_kv_heads} and tp {plan.tp} must divide one another")
+    check_split_flags(m, job, plan)
     if m.n_layers % (plan.pp * plan.vpp):
         if not job.fw.uneven_pp:
             raise InputError(f"pp*vpp: n_layers {m.n_layers} is not divisible by pp*vpp = {plan.pp * plan.vpp} "
@@ -46,6 +48,22 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     max_chips = chip.max_chips
     if plan.chips > max_chips:
         raise InputError(f"chips: {plan.chips} exceeds the {chip.name} profile's maximum of {max_chips}")
+
+
+def check_split_flags(m: ModelSpec, job: Job, plan: Plan) -> None:
+    """Megatron-Core's --account-for-embedding/loss-in-pipeline-split: only under a Megatron-Core framework, only
+    with pp > 1, and only where Megatron's own checks accept the split (costmodel.plan.split_accounted)."""
+    on = [n for n in SPLIT_FLAGS if getattr(plan, n)]
+    if not on:
+        return
+    flag = "--" + on[0].replace("_", "-")
+    if not job.fw.megatron_core:
+        names = " or ".join(f.name for f in REGISTRY.values() if f.megatron_core)
+        raise InputError(f"{on[0]} ({flag}): a Megatron-Core option; expected --framework {names}, got "
+                         f"{job.framework}")
+    if plan.pp == 1:
+        raise InputError(f"{on[0]} ({flag}): counts a layer of the pipeline split; expected pp > 1, got pp 1")
+    busiest_stage_layers(m.n_layers, plan)  # Megatron-Core's divisibility checks
 
 
 def check_framework_rules(job: Job, plan: Plan) -> None:

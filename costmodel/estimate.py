@@ -28,7 +28,7 @@ from costmodel.framework import NEXT_FORWARD, WITH_GRADS
 from costmodel.job import Job
 from costmodel.memory import MemoryTerms, StepShape, memory_terms, step_shape, weight_shard_degrees
 from costmodel.model import ModelSpec
-from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, pipeline_split
+from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, plan_split
 from hardware.chip import Chip
 from hardware.errors import InputError
 from hardware.topology import AxisLink, collective_time, lay_out
@@ -602,5 +602,5 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
         memory=dict(mem.breakdown),
         collectives=tuple(colls),
         convention=mem.convention,
-        stage_layers=pipeline_split(m.n_layers, plan.pp, plan.vpp) if plan.pp > 1 else (),
+        stage_layers=plan_split(m.n_layers, plan) if plan.pp > 1 else (),
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from costmodel.framework import SPMD, Framework, StateBytes
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import TENSORS, Plan, busiest_stage_layers, stage_layer_counts
+from costmodel.plan import TENSORS, Plan, busiest_stage_layers, chunk_layer_counts, stage_layer_counts
 from hardware.chip import Chip
 
 BF16 = 2
@@ -174,8 +174,10 @@ def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> fl
     if plan.pp > 1 and plan.vpp == 1 and n_layers % plan.pp:
         # 1F1B over an uneven split: stage s keeps min(M, pp - s) micro-batches of its own layers; the most of them
         # (Llama 3 405B over 16 stages: the second stage's 8 x 15, not 8 x 16), per layer of the busiest stage
-        counts = stage_layer_counts(n_layers, plan.pp)
+        counts = stage_layer_counts(n_layers, plan.pp, 1, *plan.split_accounting)
         return max(n * min(accum, plan.pp - s) for s, n in enumerate(counts)) / max(counts)
+    if plan.pp > 1 and plan.vpp > 1 and any(plan.split_accounting):
+        return interleaved_inflight_layers(n_layers, plan, accum) / busiest_stage_layers(n_layers, plan)
     if plan.pp > 1 and plan.vpp > 1:
         # interleaved 1F1B: the first rank runs 2 (pp - 1) + (vpp - 1) pp warm-up chunk passes and one more, at
         # most all M * vpp of them (Megatron-LM schedules.py, forward_backward_pipelining_with_interleaving:
@@ -184,6 +186,20 @@ def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> fl
     if plan.pp > 1:  # 1F1B: min(M, pp) in flight
         return min(accum, plan.pp)
     return 1.0
+
+
+def interleaved_inflight_layers(n_layers: int, plan: Plan, accum: int) -> int:
+    """Layers' worth of checkpoints the most loaded rank keeps under Megatron's interleaved 1F1B when the chunks
+    differ (the split flags: the first chunk of rank 0 and the last of the last rank hold one layer fewer): rank r
+    runs 2 (pp - 1 - r) + (vpp - 1) pp warm-up chunk passes and one more, at most M * vpp, taken in the order of
+    Megatron-LM schedules.py get_schedule_table (groups of pp micro-batches, each through chunks 0..vpp-1)."""
+    chunks = chunk_layer_counts(n_layers, plan)
+    order = []  # chunk of each forward pass, in schedule order
+    for start in range(0, accum, plan.pp):
+        group = accum - start if start + plan.pp >= accum else plan.pp
+        order += [c for c in range(plan.vpp) for _ in range(group)]
+    return max(sum(chunks[r][c] for c in order[:2 * (plan.pp - 1 - r) + (plan.vpp - 1) * plan.pp + 1])
+               for r in range(plan.pp))
 
 
 def weight_shard_degrees(job: Job, plan: Plan, experts: bool = False) -> dict[str, int]:
@@ -217,7 +233,7 @@ def stage_kinds(m: ModelSpec, plan: Plan) -> list[tuple[float, float, bool]]:
     them, so a middle stage of DeepSeek-V3 (3 dense + 58 MoE layers) over 16 stages holds 4 MoE layers, not the
     average 3.8; with virtual stages (chunks dealt round the ring) and for models with one kind of layer every
     stage has the model's average mix."""
-    counts = stage_layer_counts(m.n_layers, plan.pp, plan.vpp)
+    counts = stage_layer_counts(m.n_layers, plan.pp, plan.vpp, *plan.split_accounting)
     mixed = m.n_dense_mlp_layers > 0 and m.n_moe_layers > 0 and plan.vpp == 1
     out, start = [], 0
     for i, n in enumerate(counts):
@@ -276,7 +292,12 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, tables_every_stage: bool = F
     # (Megatron), or both on every stage (MaxText embeds and computes the logits outside its pipeline module;
     # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).
     emb = (m.embedding_params() if plan.pp == 1 or tables_every_stage else m.vocab_size * m.d_model) / tp
-    return body, body / (m.n_layers / pp if kinds is None else layers), emb
+    layer = body / (m.n_layers / pp if kinds is None else layers)
+    if all(plan.split_accounting) and plan.pp > 2 and not tables_every_stage:
+        # Megatron-Core's split with both flags: each end stage holds its table in place of one layer, so the
+        # stage with the most weights holds max(a middle stage's layers, one layer fewer and the table)
+        emb = max(0.0, emb - layer)
+    return body, layer, emb
 
 
 def busiest_stage_activations(job: Job, plan: Plan, act_saved: float, inflight: float, logits: float,

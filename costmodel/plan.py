@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from hardware.errors import InputError, excerpt, unknown
 
 AXES = ("dp", "fsdp", "tp", "cp", "pp", "ep")
+# Megatron-Core's TransformerConfig flags (and pretrain_gpt.py's --account-for-...-in-pipeline-split)
+SPLIT_FLAGS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
 AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
@@ -138,6 +140,9 @@ class Plan:
     offload_params: bool = False  # master parameters on host memory, streamed in per step
     slices: int = 1  # TPU slices over DCN
     vocab_tiles: int = 1  # logits and loss computed in this many chunks of the tokens (MaxText num_vocab_tiling)
+    # Megatron-Core: the embedding (the loss) counts as one layer of the pipeline split (split_accounted)
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         for name in (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles"):
@@ -146,6 +151,14 @@ class Plan:
                 raise InputError(f"plan field {name!r}: expected a positive integer, got {v!r}")
         if self.zero not in (0, 1, 2, 3):
             raise InputError(f"plan field 'zero': expected 0, 1, 2 or 3, got {self.zero!r}")
+        for name in SPLIT_FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"plan field {name!r}: expected true or false, got {getattr(self, name)!r}")
+
+    @property
+    def split_accounting(self) -> tuple[int, int]:
+        """(1 if the embedding, 1 if the loss) counts as a layer of the pipeline split (Megatron-Core's flags)."""
+        return int(self.account_for_embedding_in_pipeline_split), int(self.account_for_loss_in_pipeline_split)
 
     @property
     def chips(self) -> int:
@@ -163,17 +176,24 @@ class Plan:
         return replace(self, **kw)
 
 
-def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
+def pipeline_split(n_layers: int, pp: int, vpp: int = 1, embedding: int = 0,
+                   loss: int = 0) -> tuple[int, int, int] | None:
     """Layers on (the first, each middle, the last) pipeline stage; None when the layers cannot be split.
 
-    pp * vpp divides n_layers: L / pp everywhere. Otherwise Megatron-LM's uneven split
-    (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers): the pp - 2 middle stages take m
+    embedding / loss (1 or 0): Megatron-Core counts the embedding / the loss as a layer of the split
+    (split_accounted). Without them: pp * vpp divides n_layers: L / pp everywhere. Otherwise Megatron-LM's uneven
+    split (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers): the pp - 2 middle stages take m
     layers each and the two end stages share the rest, the last (which also computes the logits and the loss) no
     more than the first; m is c = vpp * ceil(L / (pp * vpp)), or c - vpp when that alone leaves the end stages
     room and no stage above c (so the busiest stage is always c, as small as any split makes it). Every stage's
     count must be a positive multiple of vpp (Megatron's rule with virtual stages).
     Llama 3 405B: 126 layers over 16 stages = 7 + 14 x 8 + 7 (Dubey et al. 2024, section 3.3.2: one layer fewer
     on the first and the last stage); DeepSeek-V3's 61 over 16 = 3 + 14 x 4 + 2; 61 over 12 = 6 + 10 x 5 + 5."""
+    if embedding or loss:
+        try:
+            return split_accounted(n_layers, pp, vpp, embedding, loss)
+        except InputError:
+            return None
     if n_layers % (pp * vpp) == 0:
         return (n_layers // pp,) * 3
     if pp < 2 or n_layers % vpp:
@@ -192,17 +212,70 @@ def pipeline_split(n_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
     return best
 
 
-def stage_layer_counts(n_layers: int, pp: int, vpp: int = 1) -> list[int]:
+def _accounted(embedding: int, loss: int) -> str:
+    """The Megatron-Core flags that are set, as named in messages."""
+    names = [n for n, on in zip(SPLIT_FLAGS, (embedding, loss), strict=True) if on]
+    return " and ".join(names)
+
+
+def split_accounted(n_layers: int, pp: int, vpp: int = 1, embedding: int = 0,
+                    loss: int = 0) -> tuple[int, int, int]:
+    """Layers on (the first, each middle, the last) stage when Megatron-Core counts the embedding (loss) as a
+    layer: (L + embedding + loss) / pp per rank, vpp chunks of equal size, the first chunk of the first rank (the
+    last chunk of the last rank) one layer fewer; Megatron's divisibility checks as one-line InputErrors.
+    Source: Megatron-LM megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ (the
+    checks) and megatron/core/transformer/transformer_block.py get_num_layers_to_build (the counts). 126 layers,
+    pp 8, vpp 8, both flags: 128 / 8 = 16 per rank, 2 per chunk: 15 / 16 / 15 (the end chunks hold 1 layer).
+    A stage left with no layer at all (Megatron allows it) is refused: the cost model costs layers per stage."""
+    total = n_layers + embedding + loss  # the layers the split divides
+    flags = _accounted(embedding, loss)
+    if total % pp:
+        raise InputError(f"pp: num_layers {total} (after {flags}) must be divisible by pipeline_model_parallel_size "
+                         f"{pp} (Megatron-Core's check); expected a pp that divides {total}")
+    per_rank = total // pp
+    if per_rank % vpp:
+        raise InputError(f"vpp: number of layers on each pipeline rank {per_rank} (after {flags}) must be divisible "
+                         f"by virtual_pipeline_model_parallel_size {vpp} (Megatron-Core's check)")
+    if pp == 1:
+        return (n_layers,) * 3  # one rank: its first chunk is the first, its last the last (all L layers)
+    first, last = per_rank - embedding, per_rank - loss
+    if min(first, last) < 1:
+        raise InputError(f"pp: {n_layers} layers over {pp} stages with {flags} leave an end stage with no layer "
+                         f"({per_rank} per rank); expected at least one layer on every stage (a smaller pp)")
+    return first, per_rank if pp > 2 else first, last
+
+
+def chunk_layer_counts(n_layers: int, plan: Plan) -> list[list[int]]:
+    """Layers of each model chunk on each pipeline rank ([rank][chunk]) under Megatron-Core's split with the
+    plan's split flags: per_rank / vpp each, the first chunk of rank 0 (the last of the last rank) one fewer
+    (get_num_layers_to_build)."""
+    embedding, loss = plan.split_accounting
+    split_accounted(n_layers, plan.pp, plan.vpp, embedding, loss)  # Megatron's checks
+    per_chunk = (n_layers + embedding + loss) // (plan.pp * plan.vpp)
+    out = [[per_chunk] * plan.vpp for _ in range(plan.pp)]
+    out[0][0] -= embedding
+    out[-1][-1] -= loss
+    return out
+
+
+def plan_split(n_layers: int, plan: Plan) -> tuple[int, int, int] | None:
+    """pipeline_split for the plan's pp, vpp and split flags."""
+    return pipeline_split(n_layers, plan.pp, plan.vpp, *plan.split_accounting)
+
+
+def stage_layer_counts(n_layers: int, pp: int, vpp: int = 1, embedding: int = 0, loss: int = 0) -> list[int]:
     """Layers on each pipeline stage, first to last (pipeline_split spelled out; [n_layers] without pp)."""
     if pp == 1:
         return [n_layers]
-    first, mid, last = pipeline_split(n_layers, pp, vpp)
+    first, mid, last = pipeline_split(n_layers, pp, vpp, embedding, loss)
     return [first, *[mid] * (pp - 2), last]
 
 
 def busiest_stage_layers(n_layers: int, plan: Plan) -> int:
     """Layers on the pipeline stage that holds the most (all of them without pp); n_layers / pp when even.
-    Raises InputError when pipeline_split cannot split them."""
+    Raises InputError when pipeline_split cannot split them (Megatron-Core's message under the split flags)."""
+    if any(plan.split_accounting):
+        return max(split_accounted(n_layers, plan.pp, plan.vpp, *plan.split_accounting))
     split = pipeline_split(n_layers, plan.pp, plan.vpp)
     if split is None:
         raise InputError(f"pp*vpp: n_layers {n_layers} cannot be split over pp={plan.pp} stages x vpp={plan.vpp} "
