@@ -55,6 +55,12 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "vocab_tiles": (("--vocab-tiles",), int, "N", "Compute logits and loss in this many token chunks (MaxText "
                     "num_vocab_tiling)."),
     "no_sp": (("--no-sequence-parallel",), bool, "", "Disable sequence parallelism on tp."),
+    "account_for_embedding_in_pipeline_split": (
+        ("--account-for-embedding-in-pipeline-split",), bool, "", "Megatron-Core: count the embedding as one "
+        "layer of the pipeline split (the first stage builds one layer fewer; with pp)."),
+    "account_for_loss_in_pipeline_split": (
+        ("--account-for-loss-in-pipeline-split",), bool, "", "Megatron-Core: count the loss as one layer of the "
+        "pipeline split (the last stage builds one layer fewer; with pp)."),
     "precision": (("--precision",), str, "NAME", "Matmul precision: bf16, fp8 or int8."),
     "framework": (("--framework",), str, "NAME", "State and collective conventions: maxtext, megatron, pytorch-fsdp "
                   "or deepspeed."),
@@ -71,7 +77,7 @@ def option(name: str, defaults: Mapping[str, Any] = DEFAULTS, **over: Any) -> An
     if name == "framework":
         kw["show_default"] = FRAMEWORK_DEFAULT
     kw.update(over)
-    default = kw.pop("default", False if name == "no_sp" else defaults.get(name))
+    default = kw.pop("default", False if OPTIONS[name][1] is bool else defaults.get(name))
     return typer.Option(default, *names, **kw)
 
 

@@ -19,7 +19,7 @@ import typer
 
 from cli import options as o
 from cli.options import DEFAULTS, OPTIONS, option
-from costmodel.plan import AXES, Plan, parse_remat
+from costmodel.plan import AXES, SPLIT_FLAGS, Plan, parse_remat
 from hardware.errors import InputError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ PLAN_DEGREES = (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles")
 
 @dataclass(frozen=True)
 class PlanFlags:
-    """The plan flags as given on the command line; None (False for no_sp) where a flag was not given."""
+    """The plan flags as given on the command line; None (False for the switches) where a flag was not given."""
 
     plan_file: str | None = None
     from_maxtext: str | None = None
@@ -59,6 +59,8 @@ class PlanFlags:
     slices: int | None = None
     vocab_tiles: int | None = None
     no_sp: bool = False
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     precision: str | None = None
     framework: str | None = None
     weight_dtype: str | None = None
@@ -76,14 +78,16 @@ def with_plan_flags(omit: tuple[str, ...] = (), defaults: Mapping[str, Any] = DE
                     **over: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator for a command taking `flags: PlanFlags`: the plan flags (less `omit`) become its options, before
     its own, and reach it as one PlanFlags holding what the user gave (None elsewhere). `over[name]` replaces
-    arguments of that flag's typer.Option."""
-    names = [n for n in OPTIONS if n not in omit]
+    arguments of that flag's typer.Option. The pipeline-split switches (Megatron-Core's) go with --pp and
+    --framework: a command that omits either (it searches the pipeline, or fixes its own framework) has none."""
+    split_off = "pp" in omit or "framework" in omit
+    names = [n for n in OPTIONS if n not in omit and not (split_off and n in SPLIT_FLAGS)]
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(command, eval_str=True)
         own = [p for p in sig.parameters.values() if p.name not in ("flags", "ctx")]
         added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY,
-                                   annotation=bool if n == "no_sp" else OPTIONS[n][1] | None,
+                                   annotation=bool if OPTIONS[n][1] is bool else OPTIONS[n][1] | None,
                                    default=option(n, defaults, **over.get(n, {}))) for n in names]
         ctx_param = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
         wants_ctx = "ctx" in sig.parameters
@@ -255,6 +259,7 @@ def override_plan(plan: Plan, flags: PlanFlags, defaults: Mapping[str, Any] | No
         plan = plan.with_(zero=value("zero"))
     if flags.no_sp:
         plan = plan.with_(sequence_parallel=False)
+    plan = plan.with_(**{n: True for n in SPLIT_FLAGS if getattr(flags, n)})
     remat = value("remat")
     if remat is not None:
         plan = plan.with_(remat=parse_remat(remat))

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from costmodel.cost import NEAR_LIMIT, Cost
-from costmodel.plan import Plan
+from costmodel.plan import SPLIT_FLAGS, Plan
 from hardware.errors import escape as escape_controls
 
 GIB = 2**30
@@ -39,6 +39,9 @@ def plan_summary(plan: Plan) -> str:
         extra.append("offload=params")
     if plan.slices > 1:
         extra.append(f"slices={plan.slices}")
+    accounted = [n for n, on in zip(("embedding", "loss"), plan.split_accounting, strict=True) if on]
+    if accounted:  # Megatron-Core's --account-for-...-in-pipeline-split
+        extra.append(f"split-counts={'+'.join(accounted)}")
     return deg + "  " + " ".join(extra)
 
 
@@ -46,7 +49,8 @@ def plan_dict(plan: Plan) -> dict:
     return {**plan.degrees(), "vpp": plan.vpp, "micro_batch": plan.micro_batch, "zero": plan.zero,
             "sequence_parallel": plan.sequence_parallel, "remat": plan.remat.name,
             "remat_tensors": plan.remat.choices(), "offload_optimizer": plan.offload_optimizer,
-            "offload_params": plan.offload_params, "slices": plan.slices}
+            "offload_params": plan.offload_params, "slices": plan.slices,
+            **{f: True for f in SPLIT_FLAGS if getattr(plan, f)}}  # Megatron-Core's split flags, when set
 
 
 def print_json(obj: dict) -> None:

@@ -3,7 +3,8 @@
 Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025-05 tree and the 2026 HEAD, see
 /work/shared/reference/hardware_and_configs.md Part 3). Each plan field maps to flags: degrees -> the
 --*-model-parallel-size and --context-parallel-size flags (Megatron's data-parallel size, world / (TP * PP * CP),
-is our dp * fsdp * ep); vpp and uneven pp -> per-stage layer counts; batch -> --micro-batch-size and
+is our dp * fsdp * ep); vpp and uneven pp -> per-stage layer counts, or Megatron-Core's
+--account-for-embedding/loss-in-pipeline-split where the plan sets them; batch -> --micro-batch-size and
 --global-batch-size; zero 1 -> --use-distributed-optimizer; remat, offload, precision and the model -> their flags.
 What the arguments cannot express (fsdp or ZeRO-2/3, other remat choices, activation or parameter offload, int8)
 is exported as the nearest plan, with a warning and both predicted costs.
@@ -21,7 +22,7 @@ from dataclasses import replace
 
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import REMAT_POLICIES, Plan, pipeline_split
+from costmodel.plan import REMAT_POLICIES, SPLIT_FLAGS, Plan, pipeline_split, split_accounted
 from hardware.errors import InputError, escape
 from planner.adapt import Adapted, named_policy, nearest_policy
 from planner.candidates import Constraints
@@ -255,11 +256,15 @@ def _parallel_args(m: ModelSpec, job: Job, plan: Plan) -> list[str]:
     a = ["--seq-length", str(job.seq_len), "--max-position-embeddings", str(job.seq_len),
          "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(job.global_batch),
          "--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
-    even = m.n_layers % (plan.pp * plan.vpp) == 0
+    accounted = any(plan.split_accounting)
+    even = m.n_layers % (plan.pp * plan.vpp) == 0 and not accounted
     if plan.vpp > 1:
         a += (["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (plan.pp * plan.vpp))] if even
               else ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)])
-    if not even:
+    if accounted:  # Megatron-Core splits L + 1 (+ 1) layers; it refuses these with --decoder-first/last-...
+        split_accounted(m.n_layers, plan.pp, plan.vpp, *plan.split_accounting)
+        a += ["--" + f.replace("_", "-") for f in SPLIT_FLAGS if getattr(plan, f)]
+    elif not even:
         split = pipeline_split(m.n_layers, plan.pp, plan.vpp)
         if split is None:
             raise InputError(f"pp*vpp: {m.n_layers} layers cannot be split over pp={plan.pp} stages x "

@@ -20,7 +20,7 @@ from costmodel.catalog import load_model
 from costmodel.constraints import check_plan
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import REMAT_POLICIES, Plan, Remat, pipeline_split
+from costmodel.plan import REMAT_POLICIES, SPLIT_FLAGS, Plan, Remat, pipeline_split
 from hardware.catalog import load_hardware
 from hardware.chip import Chip
 from hardware.errors import MAX_NAME_CHARS, InputError, check_name, did_you_mean, escape, excerpt, shown_path
@@ -573,7 +573,8 @@ MEG_BOOL_FLAGS = {
     "--use-distributed-optimizer", "--bf16", "--fp16", "--optimizer-cpu-offload", "--recompute-activations",
     "--multi-latent-attention", "--use-megatron-fsdp", "--use-torch-fsdp2", "--qk-layernorm", "--squared-relu",
     "--apply-layernorm-1p", "--disable-bias-linear", "--use-rope-scaling", "--use-rotary-position-embeddings",
-    "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
+    "--moe-router-pre-softmax", "--moe-router-enable-expert-bias", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split",
 }
 
 
@@ -584,6 +585,14 @@ def _check_uneven_split(a: _Args, n_layers: int, pp: int, vpp: int, where: str, 
     different split given here is noted, not modelled."""
     flags = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
     given = [a.int(f) if a.has(f) else None for f in flags]
+    accounted = [f for f in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+                 if a.has(f)]
+    if accounted:  # Megatron-Core splits them (costmodel.plan.split_accounted; checked with the plan)
+        if given != [None, None]:  # TransformerConfig.__post_init__ refuses the two together
+            raise InputError(f"{where}: {' and '.join(f for f, g in zip(flags, given, strict=True) if g is not None)}"
+                             f" cannot be set together with {' and '.join(accounted)} (Megatron-Core refuses it); "
+                             "expected one of the two ways to split")
+        return
     if given == [None, None]:
         if n_layers % (pp * vpp):
             raise InputError(f"{where}: --num-layers {n_layers} is not divisible by --pipeline-model-parallel-size "
@@ -930,7 +939,8 @@ def _megatron_degrees(a: _Args, world: int, where: str, notes: list[str]) -> tup
 
 def _megatron_vpp(a: _Args, n_layers: int, pp: int, where: str) -> int:
     """Model chunks per pipeline rank: --num-layers-per-virtual-pipeline-stage or
-    --num-virtual-stages-per-pipeline-rank (1 without either)."""
+    --num-virtual-stages-per-pipeline-rank (1 without either). n_layers: with the embedding and the loss where
+    the --account-for-...-in-pipeline-split flags count them (megatron/training/arguments.py does the same)."""
     if a.has("--num-layers-per-virtual-pipeline-stage"):
         per_chunk = a.int("--num-layers-per-virtual-pipeline-stage")
         if per_chunk < 1:
@@ -1002,7 +1012,9 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
         m, model_ref = _named_model(_megatron_model(a, notes), None, hints)
     world = _megatron_world(a, chips, hints, where)
     dp_meg, tp, pp, cp, ep = _megatron_degrees(a, world, where, notes)
-    vpp = _megatron_vpp(a, m.n_layers, pp, where)
+    split_flags = {f: a.has("--" + f.replace("_", "-")) for f in SPLIT_FLAGS}
+    split_layers = m.n_layers + sum(split_flags.values())  # the layers Megatron-Core's split divides
+    vpp = _megatron_vpp(a, split_layers, pp, where)
     _check_uneven_split(a, m.n_layers, pp, vpp, where, notes)
     mbs = a.count("--micro-batch-size")
     gbs = a.count("--global-batch-size", mbs * dp_meg)
@@ -1010,7 +1022,7 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
         raise InputError(f"{where}: --global-batch-size {gbs} is not divisible by --micro-batch-size x data-parallel "
                          f"size = {mbs} x {dp_meg}")
     zero = _megatron_zero(a)
-    remat = _megatron_remat(a, m.n_layers // (pp * vpp), where, notes)
+    remat = _megatron_remat(a, split_layers // (pp * vpp), where, notes)
     offload = a.has("--optimizer-cpu-offload")
     if offload and a.float("--optimizer-offload-fraction", 1.0) < 1.0:
         notes.append("offload: --optimizer-offload-fraction < 1 is modelled as offloading all optimizer state")
@@ -1019,7 +1031,7 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
         notes.append("model: --window-size (sliding-window attention) is not read; the model attends globally")
     job = Job(seq_len=a.int("--seq-length"), global_batch=gbs, precision=precision, framework="megatron")
     plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=zero,
-                sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload)
+                sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload, **split_flags)
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
 
 
