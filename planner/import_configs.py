@@ -603,7 +603,9 @@ def _check_uneven_split(a: _Args, n_layers: int, pp: int, vpp: int, where: str, 
     for f, g in zip(flags, given, strict=True):
         if g is not None and (g < vpp or g % vpp):
             raise InputError(f"{where}: argument {f}: expected a positive multiple of the {vpp} virtual stages, "
-                             f"got {g}")
+                             f"got {g}" + (" (Megatron-Core refuses it too; an end stage one layer short with "
+                                           "virtual stages: --account-for-embedding-in-pipeline-split / "
+                                           "--account-for-loss-in-pipeline-split)" if vpp > 1 and g > 0 else ""))
     others = pp - sum(g is not None for g in given)
     rest = n_layers - sum(g or 0 for g in given)
     if others < 1 or rest < others or rest % others:

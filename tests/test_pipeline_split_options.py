@@ -313,3 +313,21 @@ def test_import_refuses_both_ways_to_split(tmp_path):
                                          "--account-for-embedding-in-pipeline-split and "
                                          "--account-for-loss-in-pipeline-split"):
         import_megatron(p)
+
+
+def test_seven_eight_seven_with_two_virtual_stages(tmp_path):
+    # Meta's 405B layout with vpp 2: --decoder-first/last-pipeline-num-layers 7 is refused (Megatron too: 7 is
+    # not a multiple of 2; the message points at the flags); the flags build 7 / 8 / 7 (4-layer chunks, 3 at the
+    # ends), which the planner's own uneven split (8 / 8 / 6) could not.
+    plan = Plan(dp=128, tp=8, pp=16, vpp=2, zero=1, remat=REMAT_POLICIES["selective"])
+    text = export_result(_pf(plan), "megatron").text
+    p = tmp_path / "args.sh"
+    p.write_text(text.replace("--decoder-first-pipeline-num-layers 8", "--decoder-first-pipeline-num-layers 7")
+                 .replace("--decoder-last-pipeline-num-layers 6", "--decoder-last-pipeline-num-layers 7"))
+    with pytest.raises(InputError, match="expected a positive multiple of the 2 virtual stages, got 7 .Megatron-Core "
+                                         "refuses it too; .*--account-for-embedding-in-pipeline-split"):
+        import_megatron(p)
+    job = Job(seq_len=8192, global_batch=2048, framework="megatron")
+    m = load_model("llama3-405b")
+    assert estimate(m, H100, job, plan).stage_layers == (8, 8, 6)
+    assert estimate(m, H100, job, plan.with_(**BOTH)).stage_layers == (7, 8, 7)
