@@ -31,7 +31,7 @@ PLANS = [  # together they cover every mesh axis the validator supports, SP, and
      Plan(ep=2, tp=2, fsdp=2, remat=remat_policy("selective"))),
     # sliding-window attention, one local and one global layer (a window of a quarter of the sequence), with cp
     ("swa-cp2-tp2-fsdp2-none", "llama3-8b+swa", Plan(cp=2, tp=2, fsdp=2, remat=remat_policy("none"))),
-    # the TPU compile's step (planner.validate.tpu.scanned_step): DeepSeek-V2-Lite's layout (MLA without a query
+    # the TPU compile's step (planner.validate.model.build_scanned_step): DeepSeek-V2-Lite's layout (MLA without a query
     # latent, a dense layer, then two MoE layers with shared experts), one lax.scan per run of alike layers, dropless
     ("layer-scan-moe-shared-dense-ep2-tp2-fsdp2-full-dropless", "deepseek-v2-lite-16b",
      Plan(ep=2, fsdp=2, tp=2, remat=remat_policy("full"))),
@@ -48,25 +48,20 @@ LAYERS = {"moe-shared-dense-ep2-tp2-fsdp2-selective": 2, "swa-cp2-tp2-fsdp2-none
 
 
 def scanned_grads(cfg, mesh, params: dict, tokens, targets) -> tuple[float, dict]:
-    """Loss and gradients of the TPU compile's step (planner.validate.tpu.scanned_step: stacks per run of alike
-    blocks of layers) for the unrolled step's parameters, read back as the unrolled layer list. The step runs one
-    Adam update from zero moments: the gradient is mu / (1 - b1) (clipping off)."""
-    from dataclasses import replace
-
+    """Loss and gradients of the TPU compile's step (planner.validate.model.build_scanned_step: stacks per run of
+    alike blocks of layers) for the unrolled step's parameters, read back as the unrolled layer list."""
     import jax
     import numpy as np
 
-    from planner.validate.model import ADAM, layer_stacks
-    from planner.validate.tpu import scanned_step
+    from planner.validate.model import build_scanned_step, layer_stacks
 
-    fn, _ = scanned_step(replace(cfg, grad_clip=1e30), mesh)
+    step = build_scanned_step(cfg, mesh, donate=False)
     stacks = layer_stacks(cfg.model)
     host = jax.tree.map(np.asarray, params)
     stacked = dict(host, layers=[jax.tree.map(lambda *a: np.stack(a), *[host["layers"][i] for i in idx])
                                  for idx in stacks])
-    zeros = jax.tree.map(np.zeros_like, stacked)
-    _, opt, loss = fn(stacked, {"mu": zeros, "nu": zeros, "count": np.zeros((), np.int32)}, tokens, targets)
-    g = jax.tree.map(lambda a: np.asarray(a) / (1 - ADAM["b1"]), opt["mu"])
+    loss, g = step.grad_fn(stacked, tokens, targets)
+    g = jax.tree.map(np.asarray, g)
     layers: list = [None] * len(host["layers"])
     for stack, idx in zip(g["layers"], stacks, strict=True):
         for b, i in enumerate(idx):

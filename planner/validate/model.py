@@ -8,15 +8,14 @@ weight_dtype=float32 / dtype=bfloat16). Layers are unrolled so that XLA's cost a
 runs under jax.checkpoint, with remat 'none' too, so weights are re-gathered in the backward as FSDP does.
 
 Mesh axes (outer to inner): dp, fsdp, ep, cp, tp. Batch over (dp, fsdp, ep); sequence over cp (and tp under
-sequence parallelism); heads, MLP columns and vocabulary over tp; weights' d_model over fsdp (and cp, as MaxText
-does, and dp under ZeRO-3); experts over ep.
-(details: docs/validator.md)
+sequence parallelism); the weights as MaxText's logical axis rules shard them (planner.validate.axis_rules). One
+training step (jit_step) for the unrolled, pipelined and scanned (TPU compile) losses. (details: docs/validator.md)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import jax
@@ -28,11 +27,11 @@ from jax.sharding import PartitionSpec as P
 
 from costmodel.model import ModelSpec
 from costmodel.plan import TENSOR_MAXTEXT_NAMES, TENSORS, Plan
+from planner.validate import axis_rules
 from planner.validate.flash import causal_attention
-from planner.validate.scale import weight_axes
 
 MESH_AXES = ("dp", "fsdp", "ep", "cp", "tp")
-BATCH = ("dp", "fsdp", "ep")
+BATCH = axis_rules.batch_axes()  # ("dp", "fsdp", "ep"): MaxText's activation_batch
 ADAM = dict(lr=1e-3, b1=0.9, b2=0.95, eps=1e-8)
 
 
@@ -113,26 +112,23 @@ def single_device_plan(plan: Plan) -> Plan:
 
 # ---- shardings -------------------------------------------------------------------------------------------
 
-def param_specs(cfg: Setup, moments: bool = False) -> dict:
-    m, W = cfg.model, weight_axes(cfg.plan, moments)
-    layer = {"norm1": P(None), "norm2": P(None), "wo": P("tp", None, W)}
-    if m.is_mla:  # MaxText's kernel axes: down-projections by d_model only, up-projections' latent like d_model
-        layer.update(wkv_a=P(W, None), kv_norm=P(None), wkv_b=P(W, "tp", None))
-        layer.update(dict(wq_a=P(W, None), q_norm=P(None), wq_b=P(W, "tp", None)) if m.q_lora_rank
-                     else dict(wq=P(W, "tp", None)))
-    else:
-        layer["wqkv"] = P(W, "tp", None, None)
-    dense = dict(layer, wi=P(W, None, "tp"), wo_mlp=P("tp", W))
-    # the experts are split over ep by expert, so ep does not shard their d_model too; shared experts are a dense
-    # MLP beside them (column-split over tp, like a dense layer's)
-    We = tuple(a for a in W if a != "ep")
-    moe = dict(layer, router=P(W, None), wo_mlp=P("ep", "tp", We), **{n: P("ep", We, "tp") for n in expert_in(m)})
-    if m.n_shared_experts:
-        moe.update(shared_wi=P(W, None, "tp"), shared_wo=P("tp", W))
-    layers = [dict(moe if layer_is_moe(m, i) else dense) for i in range(m.n_layers)]
-    specs = {"embed": P("tp", W), "final_norm": P(None), "layers": layers}
-    if not m.tied_embeddings:
-        specs["unembed"] = P(W, "tp")
+def param_specs(cfg: Setup, moments: bool = False, stacks: list[list[int]] | None = None) -> dict:
+    """PartitionSpecs of the parameters (moments: of the Adam moments), each weight named as MaxText names its
+    kernel and sharded by MaxText's logical axis rules (planner.validate.axis_rules), not by the cost model's rule.
+    stacks: the layer weights as stacked arrays, one per list of layers (an unsplit leading dimension; the
+    moments' ZeRO-1 `data` placed as on one layer's weight)."""
+    m, plan = cfg.model, cfg.plan
+    shapes = init_params(cfg, shapes_only=True)
+
+    def one(name: str, shape: tuple[int, ...], moe: bool = False) -> tuple:
+        entries = axis_rules.spec(axis_rules.kernel_axes(name, moe), plan)
+        return axis_rules.with_data(entries, shape, plan) if moments and plan.zero >= 1 else entries
+
+    specs: dict = {k: P(*one(k, v.shape)) for k, v in shapes.items() if k != "layers"}
+    layers = [{k: one(k, v.shape, layer_is_moe(m, i)) for k, v in lay.items()}
+              for i, lay in enumerate(shapes["layers"])]
+    specs["layers"] = ([{k: P(*e) for k, e in lay.items()} for lay in layers] if stacks is None else
+                       [{k: P(None, *e) for k, e in layers[idx[0]].items()} for idx in stacks])
     return specs
 
 
@@ -398,7 +394,7 @@ def moe_dropless(cfg: Setup, sh: Sharder, p: dict, x):
     gates, idx = _top_k(jax.nn.softmax(logits, axis=-1), k)  # [b, s, k]
     gates = sh(gates / jnp.sum(gates, axis=-1, keepdims=True), BATCH, "cp", None)
     idx = sh(idx, BATCH, "cp", None)
-    we = tuple(a for a in weight_axes(cfg.plan) if a != "ep")
+    we = axis_rules.dim_axes("wi_0", 1, cfg.plan, moe_layer=True)  # the experts' d_model split (embed_moe)
 
     def local(x, gates, idx, *ws):
         b, s, d = x.shape
@@ -476,7 +472,7 @@ def embed(cfg: Setup, sh: Sharder, table, tokens):
     rows, and one all-to-all per shard axis hands each row to the chip that owns its token (the backward pass
     sends the row gradients back). Left to itself, GSPMD picks a different scheme for each mesh (row
     all-gathers over dp, full-table gradient all-reduces or row all-gathers over cp)."""
-    w = list(weight_axes(cfg.plan))
+    w = list(axis_rules.dim_axes("embed", 1, cfg.plan))  # the table's d_model split (embed_vocab)
     batch = [a for a in BATCH if a not in w]  # batch axes the table is replicated over
     seq: list[str] = []
     x = jnp.take(table, sh(tokens, tuple(batch) or None, None), axis=0)
@@ -532,9 +528,12 @@ class Step:
     grad_fn: object  # jitted (params, tokens, targets) -> (loss, grads) with the same shardings
     shardings: dict
 
+    def host_params(self, seed: int = 0) -> dict:
+        return init_params(self.cfg, seed)
+
     def inputs(self, seed: int = 0):
         cfg = self.cfg
-        host = init_params(cfg, seed)
+        host = self.host_params(seed)
         params = jax.device_put(host, self.shardings["params"])
         zeros = jax.tree.map(np.zeros_like, host)
         opt = {"mu": jax.device_put(zeros, self.shardings["moments"]),
@@ -544,10 +543,13 @@ class Step:
         targets = jax.device_put(targets, self.shardings["batch"])
         return params, opt, tokens, targets
 
+    def param_shapes(self) -> dict:
+        return init_params(self.cfg, shapes_only=True)
+
     def abstract_inputs(self):
         """ShapeDtypeStructs with shardings (for ahead-of-time lowering without allocating)."""
         cfg = self.cfg
-        shapes = init_params(cfg, shapes_only=True)
+        shapes = self.param_shapes()
 
         def sds(tree, shard):
             return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
@@ -574,6 +576,49 @@ def build_step(cfg: Setup, mesh: Mesh | None = None, donate: bool = True) -> Ste
         return build_pipeline_step(cfg, mesh, donate)
     return jit_step(Step, cfg, mesh, partial(loss_fn, cfg, Sharder(mesh, cfg.plan)), param_specs(cfg),
                     param_specs(cfg, moments=True), donate)
+
+
+class ScannedStep(Step):
+    """A Step whose layer weights are stacked [L, ...] per position of a run of alike blocks (layer_stacks)."""
+
+    def param_shapes(self) -> dict:
+        m = self.cfg.model
+        stacks = layer_stacks(m)
+        depth = max(idx[0] for idx in stacks) + 1  # enough layers to hold each stack's first
+        one = init_params(replace(self.cfg, model=replace(m, n_layers=depth)), shapes_only=True)
+        one["layers"] = [{k: jax.ShapeDtypeStruct((len(idx), *v.shape), v.dtype)
+                          for k, v in one["layers"][idx[0]].items()} for idx in stacks]
+        return one
+
+
+def scanned_loss(cfg: Setup, sh: Sharder, unroll: int, params: dict, tokens, targets):
+    """The loss with the layers under jax.lax.scan over stacked fp32 weights, as MaxText runs them
+    (scan_layers=true): each run of alike blocks (layer_groups) scanned over stacks of its own, the longest run
+    `unroll` blocks per iteration, the others unrolled whole (so that XLA's cost analysis counts them); each
+    layer's weights cast to the compute dtype inside the scanned body."""
+    m, cdt = cfg.model, cfg.cdt
+    groups = layer_groups(m)
+    main = max(range(len(groups)), key=lambda g: groups[g][2])
+    fns = {kind: layer_fn(cfg, sh, *kind) for kinds, _, _ in groups for kind in kinds}
+    p = {k: v.astype(cdt) for k, v in params.items() if k != "layers"}
+    x = embed(cfg, sh, p["embed"], tokens)
+    at = 0  # the run's first stack
+    for g, (kinds, _, _) in enumerate(groups):
+        def body(x, lps, kinds=kinds):
+            for kind, lp in zip(kinds, lps, strict=True):
+                x = fns[kind](jax.tree.map(lambda a: a.astype(cdt), lp), x)
+            return x, None
+
+        x, _ = jax.lax.scan(body, x, params["layers"][at:at + len(kinds)], unroll=unroll if g == main else True)
+        at += len(kinds)
+    return head_loss(cfg, sh, p, x, targets)
+
+
+def build_scanned_step(cfg: Setup, mesh: Mesh, unroll: int = 1, donate: bool = True) -> ScannedStep:
+    """The training step (jit_step, as the unrolled one) over scanned layers (scanned_loss)."""
+    stacks = layer_stacks(cfg.model)
+    return jit_step(ScannedStep, cfg, mesh, partial(scanned_loss, cfg, Sharder(mesh, cfg.plan), unroll),
+                    param_specs(cfg, stacks=stacks), param_specs(cfg, moments=True, stacks=stacks), donate)
 
 
 def jit_step(kind: type, cfg: Setup, mesh: Mesh, loss, specs: dict, moment_specs: dict, donate: bool):

@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from planner.validate.axis_rules import embed_axes
 from planner.validate.model import (
     BATCH,
     Setup,
@@ -30,11 +31,9 @@ from planner.validate.model import (
     init_params,
     jit_step,
     layer_fn,
-    make_batch,
     param_specs,
     rmsnorm,
 )
-from planner.validate.scale import weight_axes
 
 
 def micro_steps(cfg: Setup) -> int:
@@ -184,7 +183,7 @@ def gathered_stage(cfg: Setup, sh: Sharder, layers: list) -> list:
     pipeline keeps its chunks sharded (29.6 GB there)."""
     if cfg.plan.vpp > 1:
         return layers
-    W = set(weight_axes(cfg.plan))
+    W = set(embed_axes(cfg.plan))  # MaxText's `embed` split (planner.validate.axis_rules)
 
     def gathered(entry):
         names = (entry,) if isinstance(entry, str) else tuple(entry or ())
@@ -254,29 +253,8 @@ class PipelineStep(Step):
     def unstack(self, tree: dict) -> dict:
         return from_stages(tree, self.cfg.plan.vpp)
 
-    def inputs(self, seed: int = 0):
-        cfg = self.cfg
-        host = self.host_params(seed)
-        params = jax.device_put(host, self.shardings["params"])
-        zeros = jax.tree.map(np.zeros_like, host)
-        opt = {"mu": jax.device_put(zeros, self.shardings["moments"]),
-               "nu": jax.device_put(zeros, self.shardings["moments"]), "count": jnp.zeros((), jnp.int32)}
-        tokens, targets = make_batch(cfg, seed)
-        return params, opt, jax.device_put(tokens, self.shardings["batch"]), jax.device_put(targets,
-                                                                                            self.shardings["batch"])
-
-    def abstract_inputs(self):
-        cfg = self.cfg
-        shapes = to_stages(init_params(cfg, shapes_only=True), cfg.plan.pp, cfg.plan.vpp)
-
-        def sds(tree, shard):
-            return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
-
-        mom = sds(shapes, self.shardings["moments"])
-        opt = {"mu": mom, "nu": mom,
-               "count": jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(self.mesh, P()))}
-        tok = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len), jnp.int32, sharding=self.shardings["batch"])
-        return sds(shapes, self.shardings["params"]), opt, tok, tok
+    def param_shapes(self) -> dict:
+        return to_stages(init_params(self.cfg, shapes_only=True), self.cfg.plan.pp, self.cfg.plan.vpp)
 
 
 def build_pipeline_step(cfg: Setup, mesh, donate: bool = True) -> PipelineStep:

@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass, replace
 
 from costmodel.job import Job
-from costmodel.memory import weight_shard_degrees
 from costmodel.model import ModelSpec
 from costmodel.plan import Plan
 from hardware.errors import InputError
+from planner.validate.axis_rules import embed_axes
 
 FLASH_BLOCK_FRACTION = 4  # CPU: flash block (at most) = the scaled sequence / 4 (planner.validate.compare)
 
@@ -77,20 +77,10 @@ def pipeline_unsupported(plan: Plan, n_layers: int, micro_steps: int) -> str:
     return ""
 
 
-def weight_axes(plan: Plan, moments: bool = False) -> tuple[str, ...]:
-    """Mesh axes that shard the weights' d_model dimension in the validator: the cost model's rule under MaxText
-    (costmodel.memory.weight_shard_degrees: fsdp; cp and ep; dp under ZeRO-3), plus dp for the Adam moments under
-    ZeRO-1/2."""
-    degrees = weight_shard_degrees(Job(seq_len=1, global_batch=1, framework="maxtext"), plan)
-    axes = [a for a, n in degrees.items() if n > 1 or a == "fsdp"]
-    if moments and plan.zero >= 1 and "dp" not in axes:
-        axes.append("dp")
-    return tuple(axes)
-
-
 def weight_shards(plan: Plan) -> int:
-    """How many ways the validator splits a weight's (or its Adam moments') d_model dimension."""
-    return math.prod(plan.degrees()[a] for a in weight_axes(plan, moments=True))
+    """How many ways the validator splits a weight's (or its Adam moments') d_model dimension (MaxText's `embed`
+    rule, planner.validate.axis_rules)."""
+    return math.prod(plan.degrees()[a] for a in embed_axes(plan, moments=True))
 
 
 def _scaled_heads(m: ModelSpec, tp: int, s: Scale, weight_shards: int) -> tuple[int, int, int]:

@@ -164,94 +164,13 @@ class TpuResult:
         return sum(c.compile_s for c in self.compiles)
 
 
-def scanned_step(cfg, mesh, unroll: int = 1):
-    """The validator's step with the layers under `jax.lax.scan` over stacked [L, ...] fp32 parameters, as MaxText
-    runs it (scan_layers=true): (jitted step, abstract inputs). Each run of alike blocks is scanned over stacks of
-    its own (planner.validate.model.layer_groups; DeepSeek: the dense layers, then the MoE layers, as MaxText's
-    dense_layers / moe_layers; a local/global attention pattern: one block per period, a stack per position in
-    it); the longest run is scanned with `unroll` blocks per iteration, the others unrolled whole (so that XLA's
-    cost analysis counts them). The layer body, remat policy, attention, loss and Adam are
-    planner.validate.model's; each layer's weights are cast to bf16 inside the scanned body."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from planner.validate.model import (
-        BATCH,
-        Sharder,
-        adam_update,
-        embed,
-        head_loss,
-        init_params,
-        layer_fn,
-        layer_groups,
-        layer_stacks,
-        param_specs,
-    )
-
-    m, cdt = cfg.model, cfg.cdt
-    sh = Sharder(mesh, cfg.plan)
-    groups, stacks = layer_groups(m), layer_stacks(m)
-    main = max(range(len(groups)), key=lambda g: groups[g][2])  # the longest run: scanned `unroll` at a time
-
-    def stacked_specs(moments: bool) -> dict:
-        s = param_specs(cfg, moments)
-        s["layers"] = [{k: P(None, *v) for k, v in s["layers"][idx[0]].items()} for idx in stacks]
-        return jax.tree.map(lambda x: NamedSharding(mesh, x), s, is_leaf=lambda x: isinstance(x, P))
-
-    def stacked_shapes() -> dict:
-        depth = max(idx[0] for idx in stacks) + 1  # enough layers to hold each stack's first
-        one = init_params(replace(cfg, model=replace(m, n_layers=depth)), shapes_only=True)
-        one["layers"] = [{k: jax.ShapeDtypeStruct((len(idx), *v.shape), v.dtype)
-                          for k, v in one["layers"][idx[0]].items()} for idx in stacks]
-        return one
-
-    p_sh, m_sh = stacked_specs(False), stacked_specs(True)
-    rep, b_sh = NamedSharding(mesh, P()), NamedSharding(mesh, P(BATCH, "cp"))
-    fns = {kind: layer_fn(cfg, sh, *kind) for kinds, _, _ in groups for kind in kinds}
-
-    def loss(params, tokens, targets):
-        p = {k: v.astype(cdt) for k, v in params.items() if k != "layers"}
-        x = embed(cfg, sh, p["embed"], tokens)
-        at = 0  # the run's first stack
-        for g, (kinds, _, _) in enumerate(groups):
-            def body(x, lps, kinds=kinds):
-                for kind, lp in zip(kinds, lps, strict=True):
-                    x = fns[kind](jax.tree.map(lambda a: a.astype(cdt), lp), x)
-                return x, None
-
-            x, _ = jax.lax.scan(body, x, params["layers"][at:at + len(kinds)], unroll=unroll if g == main else True)
-            at += len(kinds)
-        return head_loss(cfg, sh, p, x, targets)
-
-    def train_step(params, opt, tokens, targets):
-        lval, grads = jax.value_and_grad(loss)(params, tokens, targets)
-        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
-        grads = jax.tree.map(lambda g: g * jnp.minimum(1.0, cfg.grad_clip / (norm + 1e-6)), grads)
-        params, mu, nu, count = adam_update(params, grads, opt["mu"], opt["nu"], opt["count"])
-        return params, {"mu": mu, "nu": nu, "count": count}, lval
-
-    opt_sh = {"mu": m_sh, "nu": m_sh, "count": rep}
-    fn = jax.jit(train_step, in_shardings=(p_sh, opt_sh, b_sh, b_sh), out_shardings=(p_sh, opt_sh, rep),
-                 donate_argnums=(0, 1))
-    shapes = stacked_shapes()
-
-    def sds(tree, shard):
-        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
-
-    tok = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len), jnp.int32, sharding=b_sh)
-    opt = {"mu": sds(shapes, m_sh), "nu": sds(shapes, m_sh), "count": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
-    return fn, (sds(shapes, p_sh), opt, tok, tok)
-
-
 def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int = 512, scan: bool = True,
                  unroll: int = 1, scan_ticks: bool = False) -> Compiled:
     """Compile the validator's step for `m` (all its layers) on the topology's devices; scan: layers under
     lax.scan (MaxText's layout, compile time independent of depth), else unrolled (planner.validate.model);
     scan_ticks: a pp plan's pipeline ticks as one lax.scan (planner.validate.pipeline)."""
     from planner.validate import hlo
-    from planner.validate.model import Setup, build_step
+    from planner.validate.model import Setup, build_scanned_step, build_step
 
     mesh = tpu_mesh(plan, devices)
     # MoE routes dropless as MaxText does (a shard_map over the whole mesh), but inside a pipeline stage, a region
@@ -261,11 +180,8 @@ def compile_step(m: ModelSpec, plan: Plan, job: Job, devices: list, block: int =
     # them layer by layer in every tick, as MaxText's collectives run
     cfg = Setup(m, plan, job.seq_len, job.global_batch, "bfloat16", flash_block=block, grad_clip=1.0,
                 dropless=plan.pp == 1, scan_pipeline=scan_ticks, gather_stage=scan_ticks)
-    if scan:
-        fn, args = scanned_step(cfg, mesh, unroll)
-    else:
-        step = build_step(cfg, mesh)
-        fn, args = step.fn, step.abstract_inputs()
+    step = build_scanned_step(cfg, mesh, unroll) if scan else build_step(cfg, mesh)
+    fn, args = step.fn, step.abstract_inputs()
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
     dt = time.perf_counter() - t0
@@ -444,7 +360,7 @@ def _compile_figures(res: TpuResult, m_full: ModelSpec, plan: Plan, job: Job, de
         res.full, res.per_layer = _flat(a), {}
         # XLA's cost analysis counts a while body once: F2 - F1 is one more block of layers (one layer, or one
         # period of a local/global pattern; with an odd count, scan's unroll=2 adds a one-block remainder outside
-        # the loop: two more); only the longest run of alike blocks is scanned (scanned_step)
+        # the loop: two more); only the longest run of alike blocks is scanned (planner.validate.model.scanned_loss)
         from planner.validate.model import layer_groups
 
         n = max(count for _, _, count in layer_groups(m_full))
