@@ -5,8 +5,8 @@ planner/maxtext_0_2_5_keys.txt). Each plan field maps to MaxText keys: degrees -
 num_slices; batch -> per_device_batch_size and gradient_accumulation_steps (num_pipeline_microbatches with
 pp > 1); zero 1 -> shard_optimizer_over_data; remat -> remat_policy; offload, precision, scan_layers and the
 model's shape and build keys. What MaxText cannot express (ZeRO-2/3 over data, ZeRO-1 with fsdp, tensor
-parallelism without sequence-sharded activations, a micro-batch count not a multiple of the stage count) is
-exported as the nearest plan, with a warning.
+parallelism without sequence-sharded activations, a micro-batch count not a multiple of the stage count,
+Megatron-Core's embedding/loss pipeline-split flags) is exported as the nearest plan, with a warning.
 Names are data, never code (issue 31): every value is written by PyYAML's emitter (`_value`), every comment line
 through export_megatron.comment, so whatever a model or hardware name holds, the file parses to exactly the
 planner's keys.
@@ -24,7 +24,7 @@ import yaml
 
 from costmodel.estimate import dcn_split
 from costmodel.model import ROUTER_DEFAULTS
-from costmodel.plan import AXES, AXIS_ORDER_INNER_TO_OUTER, REMAT_POLICIES
+from costmodel.plan import AXES, AXIS_ORDER_INNER_TO_OUTER, REMAT_POLICIES, SPLIT_FLAGS
 from hardware.errors import InputError
 from hardware.topology import slice_shape
 from planner.adapt import Adapted, named_policy
@@ -41,6 +41,19 @@ MAXTEXT_POLICIES = ("full", "save_out_proj", "save_qkv_proj", "qkv_proj_offloade
 # Known TPU presets -> MaxText compile_topology prefix and devices (TensorCores) per chip in its names.
 TOPOLOGY = {"tpu-v4": ("v4", 2), "tpu-v5p": ("v5p", 2), "tpu-v5e": ("v5e", 1), "tpu-v6e": ("v6e", 1),
             "tpu-v7": ("tpu7x", 2)}  # MaxText names TPU7x slices tpu7x-N, N TensorCores (two per chip)
+
+
+def _split_flags(plan) -> tuple[Any, str]:
+    """Megatron-Core's account_for_embedding/loss_in_pipeline_split count the embedding and the loss as a layer of
+    the first / last stage; MaxText has no such split: it embeds and computes the logits and loss outside its
+    pipeline module, on every stage, and gives each of the pp * vpp chunks n_layers / (pp * vpp) layers."""
+    on = [f for f in SPLIT_FLAGS if getattr(plan, f)]
+    if not on:
+        return plan, ""
+    return plan.with_(**dict.fromkeys(on, False)), (
+        f"{' and '.join(on)}: MaxText has no such split (it runs the embedding and the loss outside its pipeline, "
+        f"on every stage, and splits only the decoder layers over pp x vpp); "
+        f"{'both' if len(on) > 1 else 'it'} -> false")
 
 
 def _even_stages(pf: PlanFile, plan) -> tuple[Any, str]:
@@ -92,9 +105,9 @@ def _batch_fit(pf: PlanFile, plan) -> tuple[Any, str]:
 def maxtext_plan(pf: PlanFile) -> Adapted:
     """The nearest plan MaxText 0.2.5 can run (and the job under MaxText's state convention)."""
     plan, job, notes = pf.plan, pf.job, []
-    plan, why = _even_stages(pf, plan)
-    if why:
-        notes.append(why)
+    plan, why = _split_flags(plan)
+    plan, why_even = _even_stages(pf, plan)
+    notes += [n for n in (why, why_even) if n]
     if plan.zero == 3 and plan.dp > 1:
         plan = plan.with_(dp=1, fsdp=plan.fsdp * plan.dp, zero=0)
         notes.append(f"zero 3 over dp={pf.plan.dp}: MaxText shards weights over its fsdp axis; "
