@@ -24,9 +24,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from costmodel.constraints import check_split_flags
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import Plan, parse_remat
+from costmodel.plan import SPLIT_FLAGS, Plan, parse_remat
 from hardware.catalog import load_hardware, preset_names
 from hardware.chip import Chip
 from hardware.errors import MAX_NAME_CHARS, InputError, check_name, excerpt, shown_path
@@ -48,6 +49,8 @@ FRAMEWORK_CONVENTION = {"maxtext": "maxtext", "palm": "maxtext", "other": "maxte
 NAME_COLUMNS = ("id", "model_name", "hardware", "source", "framework", "precision", "remat")  # check_name: printable
 MAX_COUNT = 2**40  # any count column (a dimension, degree, length, batch); Job's bound on tokens per step
 MAX_TABLE_ROWS = 5_000  # ~5 s of estimates (1 ms a row); runs_dev.csv has 248 rows
+# Optional column pipeline_split -> the Megatron-Core flags the run set (RUNS_SCHEMA.md; blank or no column: none).
+PIPELINE_SPLIT = {"": (), "embedding": SPLIT_FLAGS[:1], "loss": SPLIT_FLAGS[1:], "embedding+loss": SPLIT_FLAGS}
 REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size",
             "seq_len", "hardware", "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch")
 
@@ -128,6 +131,15 @@ def _weight_dtype(row: dict[str, str], framework: str) -> str:
     return "bfloat16" if hit and record(framework).bf16_state is not None else "float32"
 
 
+def _pipeline_split(row: dict[str, str]) -> dict[str, bool]:
+    """The Plan flags of the optional `pipeline_split` column: which of Megatron-Core's
+    account_for_embedding/loss_in_pipeline_split the run set (NVIDIA's MLPerf ASYM_PP_EMBED / ASYM_PP_LOSS)."""
+    v = (row.get("pipeline_split") or "").strip()
+    if v not in PIPELINE_SPLIT:
+        raise InputError(f"pipeline_split: expected empty, embedding, loss or embedding+loss, got {excerpt(v)}")
+    return dict.fromkeys(PIPELINE_SPLIT[v], True)
+
+
 def _remat(row: dict[str, str]) -> str:
     name = (row.get("remat") or "").strip() or "full"
     if name != "custom":
@@ -186,7 +198,12 @@ def row_to_case(row: dict[str, str]) -> Case:
         zero = 3 if deg["fsdp"] > 1 else 0
     sp = deg["tp"] > 1 and not (row.get("source") or "").startswith("narayanan2021")
     plan = Plan(**deg, vpp=_int(row, "vpp", 1) or 1, micro_batch=max(1, micro), zero=zero, sequence_parallel=sp,
-                remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1, vocab_tiles=_vocab_tiles(row))
+                remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1, vocab_tiles=_vocab_tiles(row),
+                **_pipeline_split(row))
+    try:
+        check_split_flags(model, job, plan)  # the flags only where Megatron-Core accepts them (framework, pp, split)
+    except InputError as e:
+        raise InputError(f"pipeline_split {excerpt(row['pipeline_split'].strip())}: {e}") from None
     measured = _num(row, "measured_step_time_s")
     if measured is None or measured <= 0:
         raise InputError(f"measured_step_time_s: expected a positive number of seconds, got "
