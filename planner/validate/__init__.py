@@ -11,9 +11,11 @@ import sys
 
 # The concurrency-optimised scheduler ignores remat in its temp figure; the all-reduce combiner merges every
 # gradient all-reduce into one at the end of the backward pass (all unreduced gradients live at once), where
-# accelerators reduce-scatter layer by layer.
+# accelerators reduce-scatter layer by layer; cse_barrier_expander drops the optimization barriers that chain the
+# flash attention's blocks (planner.validate.flash), leaving every block's scores live at once, where a flash
+# kernel holds one (docs/validator_random_shapes.md).
 CPU_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",
-             "--xla_disable_hlo_passes=cpu-all-reduce-combiner")
+             "--xla_disable_hlo_passes=cpu-all-reduce-combiner,cse_barrier_expander")
 
 
 def set_host_devices(n: int) -> None:
