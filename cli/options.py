@@ -61,6 +61,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "account_for_loss_in_pipeline_split": (
         ("--account-for-loss-in-pipeline-split",), bool, "", "Megatron-Core: count the loss as one layer of the "
         "pipeline split (the last stage builds one layer fewer; with pp)."),
+    "overlap_moe_expert_parallel_comm": (
+        ("--overlap-moe-expert-parallel-comm",), bool, "", "Megatron-Core: hide the expert all-to-all of one "
+        "micro-batch behind another's compute (combined 1F1B, as DeepSeek's DualPipe; with ep > 1)."),
     "precision": (("--precision",), str, "NAME", "Matmul precision: bf16, fp8 or int8."),
     "framework": (("--framework",), str, "NAME", "State and collective conventions: maxtext, megatron, pytorch-fsdp "
                   "or deepspeed."),

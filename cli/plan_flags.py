@@ -19,7 +19,7 @@ import typer
 
 from cli import options as o
 from cli.options import DEFAULTS, OPTIONS, option
-from costmodel.plan import AXES, SPLIT_FLAGS, Plan, parse_remat
+from costmodel.plan import AXES, EP_OVERLAP, SPLIT_FLAGS, Plan, parse_remat
 from hardware.errors import InputError
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class PlanFlags:
     no_sp: bool = False
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
     precision: str | None = None
     framework: str | None = None
     weight_dtype: str | None = None
@@ -79,9 +80,12 @@ def with_plan_flags(omit: tuple[str, ...] = (), defaults: Mapping[str, Any] = DE
     """Decorator for a command taking `flags: PlanFlags`: the plan flags (less `omit`) become its options, before
     its own, and reach it as one PlanFlags holding what the user gave (None elsewhere). `over[name]` replaces
     arguments of that flag's typer.Option. The pipeline-split switches (Megatron-Core's) go with --pp and
-    --framework: a command that omits either (it searches the pipeline, or fixes its own framework) has none."""
+    --framework: a command that omits either (it searches the pipeline, or fixes its own framework) has none; the
+    expert all-to-all overlap goes with --ep and --framework the same way."""
     split_off = "pp" in omit or "framework" in omit
-    names = [n for n in OPTIONS if n not in omit and not (split_off and n in SPLIT_FLAGS)]
+    overlap_off = "ep" in omit or "framework" in omit
+    names = [n for n in OPTIONS if n not in omit and not (split_off and n in SPLIT_FLAGS)
+             and not (overlap_off and n == EP_OVERLAP)]
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(command, eval_str=True)
@@ -259,7 +263,7 @@ def override_plan(plan: Plan, flags: PlanFlags, defaults: Mapping[str, Any] | No
         plan = plan.with_(zero=value("zero"))
     if flags.no_sp:
         plan = plan.with_(sequence_parallel=False)
-    plan = plan.with_(**{n: True for n in SPLIT_FLAGS if getattr(flags, n)})
+    plan = plan.with_(**{n: True for n in (*SPLIT_FLAGS, EP_OVERLAP) if getattr(flags, n)})
     remat = value("remat")
     if remat is not None:
         plan = plan.with_(remat=parse_remat(remat))

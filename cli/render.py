@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from costmodel.cost import NEAR_LIMIT, Cost
-from costmodel.plan import SPLIT_FLAGS, Plan
+from costmodel.plan import EP_OVERLAP, SPLIT_FLAGS, Plan
 from hardware.errors import escape as escape_controls
 
 GIB = 2**30
@@ -42,6 +42,8 @@ def plan_summary(plan: Plan) -> str:
     accounted = [n for n, on in zip(("embedding", "loss"), plan.split_accounting, strict=True) if on]
     if accounted:  # Megatron-Core's --account-for-...-in-pipeline-split
         extra.append(f"split-counts={'+'.join(accounted)}")
+    if plan.overlap_moe_expert_parallel_comm:  # Megatron-Core's --overlap-moe-expert-parallel-comm
+        extra.append("ep-a2a-overlap")
     return deg + "  " + " ".join(extra)
 
 
@@ -50,7 +52,7 @@ def plan_dict(plan: Plan) -> dict:
             "sequence_parallel": plan.sequence_parallel, "remat": plan.remat.name,
             "remat_tensors": plan.remat.choices(), "offload_optimizer": plan.offload_optimizer,
             "offload_params": plan.offload_params, "slices": plan.slices,
-            **{f: True for f in SPLIT_FLAGS if getattr(plan, f)}}  # Megatron-Core's split flags, when set
+            **{f: True for f in (*SPLIT_FLAGS, EP_OVERLAP) if getattr(plan, f)}}  # Megatron-Core's flags, when set
 
 
 def print_json(obj: dict) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from costmodel.framework import REGISTRY
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import SPLIT_FLAGS, Plan, busiest_stage_layers
+from costmodel.plan import EP_OVERLAP, SPLIT_FLAGS, Plan, busiest_stage_layers
 from hardware.chip import Chip
 from hardware.errors import InputError
 
@@ -21,6 +21,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     if plan.tp > 1 and m.n_kv_heads % plan.tp and plan.tp % m.n_kv_heads:
         raise InputError(f"tp: n_kv_heads {m.n_kv_heads} and tp {plan.tp} must divide one another")
     check_split_flags(m, job, plan)
+    check_ep_overlap(m, job, plan)
     if m.n_layers % (plan.pp * plan.vpp):
         if not job.fw.uneven_pp:
             raise InputError(f"pp*vpp: n_layers {m.n_layers} is not divisible by pp*vpp = {plan.pp * plan.vpp} "
@@ -64,6 +65,26 @@ def check_split_flags(m: ModelSpec, job: Job, plan: Plan) -> None:
     if plan.pp == 1:
         raise InputError(f"{on[0]} ({flag}): counts a layer of the pipeline split; expected pp > 1, got pp 1")
     busiest_stage_layers(m.n_layers, plan)  # Megatron-Core's divisibility checks
+
+
+def check_ep_overlap(m: ModelSpec, job: Job, plan: Plan) -> None:
+    """Megatron-Core's --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__ asserts ep > 1 and no
+    full or MoE recompute): only under a framework that runs it (Framework.ep_overlap), with expert parallelism,
+    and with the MoE layer's tensors not recomputed (the hidden all-to-alls are the four of expert_exchange)."""
+    if not plan.overlap_moe_expert_parallel_comm:
+        return
+    flag = f"{EP_OVERLAP} (--{EP_OVERLAP.replace('_', '-')})"
+    if not job.fw.ep_overlap:
+        names = " or ".join(f.name for f in REGISTRY.values() if f.ep_overlap)
+        raise InputError(f"{flag}: the expert all-to-all overlap of Megatron-Core; expected --framework {names}, "
+                         f"got {job.framework}")
+    if plan.ep == 1 or not m.n_moe_layers:
+        raise InputError(f"{flag}: hides the expert-parallel all-to-all; expected ep > 1 on a MoE model, got ep "
+                         f"{plan.ep} on {m.name}")
+    recomputed = [t for t in ("mlp_in", "mlp_out") if plan.remat.choices()[t] == "remat"]
+    if recomputed:
+        raise InputError(f"{flag}: Megatron-Core refuses full recompute and recomputing the MoE layer with it; "
+                         f"expected remat none or selective (mlp_in, mlp_out kept), got {plan.remat.summary()}")
 
 
 def check_framework_rules(job: Job, plan: Plan) -> None:

@@ -266,7 +266,31 @@ def expert_exchange(c: Step, rerun: bool) -> Collective:
     # layers and a wide ep that is the first stage, whose MoE layers are fewest; DeepSeek-V3 at pp 16 had none).
     moe_layers = (m.n_moe_layers / s.layer_stages if s.kinds is None else max(k[1] for k in s.stage_kinds))
     count = (4 + 2 * rerun) * moe_layers * s.layer_steps
-    return _coll(Role.EXPERT_EXCHANGE, "ep", "all-to-all", "tokens", count, a2a_bytes, t, count * t, link.level)
+    exposed = count * t
+    if plan.overlap_moe_expert_parallel_comm:  # check_ep_overlap: nothing of the MoE layer rerun (rerun False)
+        exposed = moe_layers * s.layer_steps * overlapped_exchange_s(c, t)
+    return _coll(Role.EXPERT_EXCHANGE, "ep", "all-to-all", "tokens", count, a2a_bytes, t, exposed, link.level)
+
+
+def overlapped_exchange_s(c: Step, t: float) -> float:
+    """Exposed seconds of one MoE layer's 4 all-to-alls (t each) per micro-batch under the expert all-to-all
+    overlap (Plan.overlap_moe_expert_parallel_comm; docs/ep_overlap.md): Megatron-Core's combined 1F1B runs each
+    MoE layer's forward for one micro-batch with the same layer's backward for another, the dispatch and combine
+    of each pass on a communication stream behind the other pass's compute, so per layer pair the exchange shows
+    max(0, 4 t - overlap x (the layer's forward + backward + recompute)); chip.eff.overlap is the share of a
+    layer's compute a concurrent collective can hide, as for the fsdp prefetch. The chunk passes outside the
+    steady 1F1B phase run alone, their all-to-alls exposed."""
+    m, chip, job, plan, s = c.m, c.chip, c.job, c.plan, c.shape
+    # One MoE layer's compute as the stage terms count it (_stage_times of a stage holding that one layer).
+    one = _stage_times(m, chip, job, plan, (0.0, 1.0), False, s)
+    merged = max(0.0, 4 * t - chip.eff.overlap * (one.fwd + one.bwd + one.recompute))
+    # Passes run alone: without a pipeline the first forward and the last backward
+    # (combined_1f1b.py, combined_1f1b_schedule_for_no_pipelining: 1 of M micro-batches); interleaved, the last
+    # rank's warmup forwards and cooldown backwards, (vpp - 1) x pp + 1 of its M x vpp chunk passes (schedules.py
+    # get_pp_rank_microbatches: (vpp - 1) x microbatch_group_size_per_vp_stage (default pp), + 1 for the overlap).
+    alone = 1 if plan.pp == 1 else (plan.vpp - 1) * plan.pp + 1
+    share = min(1.0, alone / (s.micro_steps * plan.vpp))
+    return share * 4 * t + (1 - share) * merged
 
 
 def expert_exchange_floor_s(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int) -> float:

@@ -66,6 +66,8 @@ class Framework:
     # ---- mixture of experts
     dropless_worst_case: bool = False  # dropless routing sizes expert buffers for the worst case under ep
     dispatch_sp_shards: bool = True  # the all-to-all sends the sequence-parallel shards (1/tp of the tokens)
+    ep_overlap: bool = False  # runs the expert all-to-all of one micro-batch behind another's compute
+    # (Megatron-Core's --overlap-moe-expert-parallel-comm: combined_1f1b.py; pp > 1 only with virtual stages)
     # ---- weight sharding
     weight_shard_axes: tuple[str, ...] = ("fsdp",)  # axes that shard the weights like FSDP (dp too under ZeRO-3;
     # ep never shards the experts, which it splits by expert)
@@ -111,7 +113,7 @@ MAXTEXT = Framework(
 MEGATRON = Framework(
     # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
     "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
-    optimizer_offload_needs_zero=True, megatron_core=True)
+    optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True)
 PYTORCH_FSDP = Framework(
     # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
     "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)

@@ -14,6 +14,9 @@ from hardware.errors import InputError, excerpt, unknown
 AXES = ("dp", "fsdp", "tp", "cp", "pp", "ep")
 # Megatron-Core's TransformerConfig flags (and pretrain_gpt.py's --account-for-...-in-pipeline-split)
 SPLIT_FLAGS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+# Megatron-Core's ModelParallelConfig flag (--overlap-moe-expert-parallel-comm): the expert all-to-all of one
+# micro-batch runs behind another micro-batch's computation (combined 1F1B; DeepSeek's DualPipe does the same)
+EP_OVERLAP = "overlap_moe_expert_parallel_comm"
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
 AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
@@ -143,6 +146,8 @@ class Plan:
     # Megatron-Core: the embedding (the loss) counts as one layer of the pipeline split (split_accounted)
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # the ep all-to-all hidden behind another micro-batch's compute (EP_OVERLAP; costmodel.estimate.expert_exchange)
+    overlap_moe_expert_parallel_comm: bool = False
 
     def __post_init__(self) -> None:
         for name in (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles"):
@@ -151,7 +156,7 @@ class Plan:
                 raise InputError(f"plan field {name!r}: expected a positive integer, got {v!r}")
         if self.zero not in (0, 1, 2, 3):
             raise InputError(f"plan field 'zero': expected 0, 1, 2 or 3, got {self.zero!r}")
-        for name in SPLIT_FLAGS:
+        for name in (*SPLIT_FLAGS, EP_OVERLAP):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"plan field {name!r}: expected true or false, got {getattr(self, name)!r}")
 

@@ -6,7 +6,8 @@ num_slices; batch -> per_device_batch_size and gradient_accumulation_steps (num_
 pp > 1); zero 1 -> shard_optimizer_over_data; remat -> remat_policy; offload, precision, scan_layers and the
 model's shape and build keys. What MaxText cannot express (ZeRO-2/3 over data, ZeRO-1 with fsdp, tensor
 parallelism without sequence-sharded activations, a micro-batch count not a multiple of the stage count,
-Megatron-Core's embedding/loss pipeline-split flags) is exported as the nearest plan, with a warning.
+Megatron-Core's embedding/loss pipeline-split flags and its expert all-to-all overlap) is exported as the nearest
+plan, with a warning.
 Names are data, never code (issue 31): every value is written by PyYAML's emitter (`_value`), every comment line
 through export_megatron.comment, so whatever a model or hardware name holds, the file parses to exactly the
 planner's keys.
@@ -54,6 +55,16 @@ def _split_flags(plan) -> tuple[Any, str]:
         f"{' and '.join(on)}: MaxText has no such split (it runs the embedding and the loss outside its pipeline, "
         f"on every stage, and splits only the decoder layers over pp x vpp); "
         f"{'both' if len(on) > 1 else 'it'} -> false")
+
+
+def _ep_overlap(plan) -> tuple[Any, str]:
+    """MaxText runs no expert all-to-all behind another micro-batch's compute (its MoE layer's all-to-alls sit in
+    the layer's own shard_map, in order): the overlap is dropped with a note."""
+    if not plan.overlap_moe_expert_parallel_comm:
+        return plan, ""
+    return plan.with_(overlap_moe_expert_parallel_comm=False), (
+        "overlap_moe_expert_parallel_comm: MaxText has no expert all-to-all overlap across micro-batches "
+        "(Megatron-Core's combined 1F1B); it -> false")
 
 
 def _even_stages(pf: PlanFile, plan) -> tuple[Any, str]:
@@ -106,8 +117,9 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
     """The nearest plan MaxText 0.2.5 can run (and the job under MaxText's state convention)."""
     plan, job, notes = pf.plan, pf.job, []
     plan, why = _split_flags(plan)
+    plan, why_overlap = _ep_overlap(plan)
     plan, why_even = _even_stages(pf, plan)
-    notes += [n for n in (why, why_even) if n]
+    notes += [n for n in (why, why_overlap, why_even) if n]
     if plan.zero == 3 and plan.dp > 1:
         plan = plan.with_(dp=1, fsdp=plan.fsdp * plan.dp, zero=0)
         notes.append(f"zero 3 over dp={pf.plan.dp}: MaxText shards weights over its fsdp axis; "

@@ -5,7 +5,8 @@ Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025
 --*-model-parallel-size and --context-parallel-size flags (Megatron's data-parallel size, world / (TP * PP * CP),
 is our dp * fsdp * ep); vpp and uneven pp -> per-stage layer counts, or Megatron-Core's
 --account-for-embedding/loss-in-pipeline-split where the plan sets them; batch -> --micro-batch-size and
---global-batch-size; zero 1 -> --use-distributed-optimizer; remat, offload, precision and the model -> their flags.
+--global-batch-size; zero 1 -> --use-distributed-optimizer; the expert all-to-all overlap ->
+--overlap-moe-expert-parallel-comm --delay-wgrad-compute; remat, offload, precision and the model -> their flags.
 What the arguments cannot express (fsdp or ZeRO-2/3, other remat choices, activation or parameter offload, int8)
 is exported as the nearest plan, with a warning and both predicted costs.
 Names are data, never code (issue 31): every argument is written through shlex.quote, and every comment line
@@ -74,6 +75,8 @@ def megatron_plan(pf: PlanFile) -> Adapted:
                      f"full layers; remat -> {near.name}")
         named = near
     plan = plan.with_(remat=named)
+    plan, why = _ep_overlap(plan)
+    notes += [why] if why else []
     if plan.offload_params:
         plan = plan.with_(offload_params=False)
         notes.append("offload_params: Megatron-LM keeps parameters on the GPU; offload_params -> false")
@@ -94,6 +97,22 @@ def megatron_plan(pf: PlanFile) -> Adapted:
         notes.append(f"hardware: Megatron-LM runs on NVIDIA GPUs; {escape(pf.hardware.name)} is a "
                      f"{escape(pf.hardware.vendor)}")
     return Adapted(plan, job, tuple(notes))
+
+
+def _ep_overlap(plan: Plan) -> tuple[Plan, str]:
+    """Megatron-Core runs --overlap-moe-expert-parallel-comm with pp > 1 only in the interleaved schedule
+    (TransformerConfig.__post_init__: virtual_pipeline_model_parallel_size must be set, and arguments.py sets it
+    to None at 1 virtual stage) and never with full recompute: the overlap is dropped, with a note, where either
+    holds (DeepSeek's DualPipe hides the all-to-all without virtual stages; Megatron-Core has no DualPipe)."""
+    if not plan.overlap_moe_expert_parallel_comm:
+        return plan, ""
+    why = ("Megatron-Core runs it with pp > 1 only in the interleaved schedule (expected vpp > 1, got vpp 1)"
+           if plan.pp > 1 and plan.vpp == 1 else
+           "Megatron-Core refuses it with full recompute" if plan.remat.name == "full" else "")
+    if not why:
+        return plan, ""
+    return plan.with_(overlap_moe_expert_parallel_comm=False), (
+        f"overlap_moe_expert_parallel_comm: {why}; overlap_moe_expert_parallel_comm -> false")
 
 
 def _moe_layer_freq(m) -> str:
@@ -292,6 +311,8 @@ def _training_args(job: Job, plan: Plan) -> list[str]:
         a += ["--recompute-granularity", "selective"]
     elif plan.remat.name == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if plan.overlap_moe_expert_parallel_comm:  # with the delayed weight gradients Megatron's MoE README pairs it with
+        a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if plan.offload_optimizer:
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     if job.precision == "fp16":

@@ -574,7 +574,7 @@ MEG_BOOL_FLAGS = {
     "--multi-latent-attention", "--use-megatron-fsdp", "--use-torch-fsdp2", "--qk-layernorm", "--squared-relu",
     "--apply-layernorm-1p", "--disable-bias-linear", "--use-rope-scaling", "--use-rotary-position-embeddings",
     "--moe-router-pre-softmax", "--moe-router-enable-expert-bias", "--account-for-embedding-in-pipeline-split",
-    "--account-for-loss-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
 }
 
 
@@ -998,6 +998,21 @@ def _megatron_precision(a: _Args, notes: list[str]) -> str:
     return precision
 
 
+def _megatron_ep_overlap(a: _Args, pp: int, vpp: int, where: str) -> bool:
+    """--overlap-moe-expert-parallel-comm (the rest of its checks with the plan: constraints.check_ep_overlap);
+    refused where Megatron-Core refuses it: pp > 1 without virtual stages (TransformerConfig.__post_init__), or
+    --delay-wgrad-compute without it."""
+    on = a.has("--overlap-moe-expert-parallel-comm")
+    if a.has("--delay-wgrad-compute") and not on:
+        raise InputError(f"{where}: --delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (Megatron-Core "
+                         "refuses it alone); expected both or neither")
+    if on and pp > 1 and vpp == 1:
+        raise InputError(f"{where}: --overlap-moe-expert-parallel-comm with --pipeline-model-parallel-size {pp} "
+                         "needs virtual stages (Megatron-Core refuses it otherwise); expected "
+                         "--num-virtual-stages-per-pipeline-rank > 1")
+    return on
+
+
 def import_megatron(path: str | Path, hardware: str | None = None, chips: int | None = None,
                     model: str | None = None) -> Imported:
     """Megatron-LM pretrain_gpt.py arguments: an args file, a bash array or a copied command line."""
@@ -1025,6 +1040,7 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
                          f"size = {mbs} x {dp_meg}")
     zero = _megatron_zero(a)
     remat = _megatron_remat(a, split_layers // (pp * vpp), where, notes)
+    overlap = _megatron_ep_overlap(a, pp, vpp, where)
     offload = a.has("--optimizer-cpu-offload")
     if offload and a.float("--optimizer-offload-fraction", 1.0) < 1.0:
         notes.append("offload: --optimizer-offload-fraction < 1 is modelled as offloading all optimizer state")
@@ -1033,7 +1049,8 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
         notes.append("model: --window-size (sliding-window attention) is not read; the model attends globally")
     job = Job(seq_len=a.int("--seq-length"), global_batch=gbs, precision=precision, framework="megatron")
     plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=zero,
-                sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload, **split_flags)
+                sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload, **split_flags,
+                overlap_moe_expert_parallel_comm=overlap)
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
 
 
