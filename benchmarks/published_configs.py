@@ -96,6 +96,7 @@ def plan_args(plan: dict) -> list[str]:
     args += ["--micro-batch", str(plan["micro_batch"]), "--zero", str(plan["zero"]), "--remat", plan["remat"]]
     for item in plan.get("offload", []):
         args += ["--offload", item]
+    args += ["--overlap-moe-expert-parallel-comm"] if plan.get("overlap_moe_expert_parallel_comm") else []
     return args + ([] if plan.get("sequence_parallel", True) else ["--no-sequence-parallel"])
 
 
@@ -117,6 +118,7 @@ def short(plan: dict) -> str:
     parts.append(remat)
     parts += ["+opt"] if plan.get("offload_optimizer") else []
     parts += ["+par"] if plan.get("offload_params") else []
+    parts += ["+a2a-overlap"] if plan.get("overlap_moe_expert_parallel_comm") else []
     return " ".join(parts)
 
 
