@@ -64,6 +64,10 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "overlap_moe_expert_parallel_comm": (
         ("--overlap-moe-expert-parallel-comm",), bool, "", "Megatron-Core: hide the expert all-to-all of one "
         "micro-batch behind another's compute (combined 1F1B, as DeepSeek's DualPipe; with ep > 1)."),
+    "recompute_num_layers": (
+        ("--recompute-num-layers",), int, "N", "Megatron-Core: under --remat full recompute only the first N "
+        "layers of each pipeline stage (each model chunk with --vpp); the rest keep all their activations "
+        "(--recompute-method block)."),
     "precision": (("--precision",), str, "NAME", "Matmul precision: bf16, fp8 or int8."),
     "framework": (("--framework",), str, "NAME", "State and collective conventions: maxtext, megatron, pytorch-fsdp "
                   "or deepspeed."),

@@ -44,6 +44,8 @@ def plan_summary(plan: Plan) -> str:
         extra.append(f"split-counts={'+'.join(accounted)}")
     if plan.overlap_moe_expert_parallel_comm:  # Megatron-Core's --overlap-moe-expert-parallel-comm
         extra.append("ep-a2a-overlap")
+    if plan.recompute_num_layers:  # Megatron-Core's --recompute-method block --recompute-num-layers
+        extra.append(f"recompute-layers={plan.recompute_num_layers}")
     return deg + "  " + " ".join(extra)
 
 
@@ -52,7 +54,8 @@ def plan_dict(plan: Plan) -> dict:
             "sequence_parallel": plan.sequence_parallel, "remat": plan.remat.name,
             "remat_tensors": plan.remat.choices(), "offload_optimizer": plan.offload_optimizer,
             "offload_params": plan.offload_params, "slices": plan.slices,
-            **{f: True for f in (*SPLIT_FLAGS, EP_OVERLAP) if getattr(plan, f)}}  # Megatron-Core's flags, when set
+            **{f: True for f in (*SPLIT_FLAGS, EP_OVERLAP) if getattr(plan, f)},  # Megatron-Core's flags, when set
+            **({"recompute_num_layers": plan.recompute_num_layers} if plan.recompute_num_layers else {})}
 
 
 def print_json(obj: dict) -> None:

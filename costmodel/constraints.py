@@ -5,7 +5,7 @@ from __future__ import annotations
 from costmodel.framework import REGISTRY
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import EP_OVERLAP, SPLIT_FLAGS, Plan, busiest_stage_layers
+from costmodel.plan import EP_OVERLAP, RECOMPUTE_LAYERS, REMAT_POLICIES, SPLIT_FLAGS, Plan, busiest_stage_layers
 from hardware.chip import Chip
 from hardware.errors import InputError
 
@@ -30,6 +30,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
         busiest_stage_layers(m.n_layers, plan)  # raises when even an uneven split cannot place them
     if plan.vpp > 1 and plan.pp == 1:
         raise InputError(f"vpp: virtual stages ({plan.vpp}) need pp > 1")
+    check_recompute_layers(m, job, plan)
     if job.seq_len % plan.cp:
         raise InputError(f"cp: seq_len {job.seq_len} is not divisible by cp {plan.cp}")
     if plan.ep > 1 and not m.is_moe:
@@ -65,6 +66,27 @@ def check_split_flags(m: ModelSpec, job: Job, plan: Plan) -> None:
     if plan.pp == 1:
         raise InputError(f"{on[0]} ({flag}): counts a layer of the pipeline split; expected pp > 1, got pp 1")
     busiest_stage_layers(m.n_layers, plan)  # Megatron-Core's divisibility checks
+
+
+def check_recompute_layers(m: ModelSpec, job: Job, plan: Plan) -> None:
+    """Megatron-Core's --recompute-num-layers N under --recompute-method block (Plan.recompute_num_layers): only
+    under a framework that runs it (Framework.block_recompute), only with remat full (TransformerConfig: full
+    granularity needs a method and N; selective refuses N), and N from 1 to the layers of the largest model
+    chunk (stage layers / vpp; Megatron's message: between 1 and num_layers_per_pipeline_rank)."""
+    n = plan.recompute_num_layers
+    if not n:
+        return
+    flag = f"{RECOMPUTE_LAYERS} (--{RECOMPUTE_LAYERS.replace('_', '-')})"
+    if not job.fw.block_recompute:
+        names = " or ".join(f.name for f in REGISTRY.values() if f.block_recompute)
+        raise InputError(f"{flag}: Megatron-Core's block recompute; expected --framework {names}, got "
+                         f"{job.framework}")
+    if plan.remat.choices() != REMAT_POLICIES["full"].choices():
+        raise InputError(f"{flag}: recomputes whole layers (--recompute-granularity full); expected --remat full, "
+                         f"got {plan.remat.summary()}")
+    chunk = -(-busiest_stage_layers(m.n_layers, plan) // plan.vpp)  # layers of the largest model chunk
+    if n > chunk:
+        raise InputError(f"{flag}: expected 1 to {chunk} (the layers of a model chunk: stage layers / vpp), got {n}")
 
 
 def check_ep_overlap(m: ModelSpec, job: Job, plan: Plan) -> None:

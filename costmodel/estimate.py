@@ -28,7 +28,7 @@ from costmodel.framework import NEXT_FORWARD, WITH_GRADS
 from costmodel.job import Job
 from costmodel.memory import MemoryTerms, StepShape, memory_terms, step_shape, weight_shard_degrees
 from costmodel.model import ModelSpec
-from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, plan_split
+from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, plan_split, recomputed_share
 from hardware.chip import Chip
 from hardware.errors import InputError
 from hardware.topology import AxisLink, collective_time, lay_out
@@ -178,6 +178,7 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
     tokens = s.tokens
     kinds_by_type = [(False, m.n_dense_mlp_layers), (True, m.n_moe_layers)]
     fwd = bwd = rec = rec_once = elem = attn = flops = rflops = 0.0
+    share = recomputed_share(plan, layers)  # of the stage's layers the policy recomputes (1 unless block recompute)
     for moe, count in kinds_by_type:
         if count == 0:
             continue
@@ -189,13 +190,14 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
         bwd += n * sum(t * (2.5 if op.is_attention else 2.0) for op, t in zip(ops, t_ops, strict=True))
         attn += n * sum(t for op, t in zip(ops, t_ops, strict=True) if op.is_attention)
         once = rerun_once_ops(ops, plan, job)
-        rec_once += n * sum(op_time(op, chip, peak) for op in once)
+        rec_once += n * share * sum(op_time(op, chip, peak) for op in once)
         re_ops = recomputed_ops(ops, plan, job) + once
-        rec += n * sum(op_time(op, chip, peak) for op in re_ops)
+        rec += n * share * sum(op_time(op, chip, peak) for op in re_ops)  # only the recomputed layers rerun
         flops += n * sum(op.flops for op in ops)
-        rflops += n * sum(op.flops for op in re_ops)
-        # Memory-bound ops: forward once, backward about twice, again in recompute when anything is rerun.
-        passes = 3.0 + (1.0 if re_ops else 0.0)
+        rflops += n * share * sum(op.flops for op in re_ops)
+        # Memory-bound ops: forward once, backward about twice, again in recompute when anything is rerun (in
+        # the recomputed share of the layers).
+        passes = 3.0 + (share if re_ops else 0.0)
         elem += n * passes * tokens * elementwise_bytes_per_token(m, plan, moe) / (chip.hbm_bw_Bps * chip.eff.hbm)
     lg = logits_op(m, tokens, plan.tp)  # on the last stage
     # MaxText computes the logits outside its pipeline with the batch split over the stages: M / pp micro-batches
@@ -230,7 +232,8 @@ def _coll(role: Role, axis: str, kind: str, purpose: str, count: float, nbytes: 
 def vector_flops_per_chip(m: ModelSpec, job: Job, plan: Plan, mem: MemoryTerms, s: StepShape) -> float:
     """Element-wise FLOPs per step on one chip (the busiest stage): layers forward, backward and, when anything
     is recomputed, forward again; the loss on the last stage; Adam over the parameters this chip updates."""
-    rerun = 1.0 if plan.remat.count("remat") else 0.0
+    # the layers' forward again where anything is recomputed, in the recomputed share of the layers
+    rerun = recomputed_share(plan, s.layers) if plan.remat.count("remat") else 0.0
     total = 0.0
     for moe, count in ((False, m.n_dense_mlp_layers), (True, m.n_moe_layers)):
         if count:
@@ -265,7 +268,8 @@ def expert_exchange(c: Step, rerun: bool) -> Collective:
     # most MoE layers, not the one with the most weights that memory counts (busiest_kinds: with leading dense
     # layers and a wide ep that is the first stage, whose MoE layers are fewest; DeepSeek-V3 at pp 16 had none).
     moe_layers = (m.n_moe_layers / s.layer_stages if s.kinds is None else max(k[1] for k in s.stage_kinds))
-    count = (4 + 2 * rerun) * moe_layers * s.layer_steps
+    # 4 per MoE layer, 2 more in each layer the recompute reruns (recomputed_share: block recompute)
+    count = (4 + 2 * rerun * recomputed_share(plan, s.layers)) * moe_layers * s.layer_steps
     exposed = count * t
     if plan.overlap_moe_expert_parallel_comm:  # check_ep_overlap: nothing of the MoE layer rerun (rerun False)
         exposed = moe_layers * s.layer_steps * overlapped_exchange_s(c, t)
@@ -316,9 +320,10 @@ def tensor_collectives(c: Step, st: StageTimes) -> list[Collective]:
     mlp_w = (dense + moe * m.routed_rows_per_token) / (dense + moe)
     t_mlp = collective_time(link, "all-reduce", nbytes * mlp_w, eff.link, eff.net)
     # Rerunning the attention output projection repeats its collective; rerunning the MLP output (Megatron's
-    # full recompute) repeats the other.
-    n_att = 2 + (plan.remat.out_proj == "remat")
-    n_mlp = 2 + (plan.remat.mlp_out == "remat" and job.fw.reruns_mlp_out)
+    # full recompute) repeats the other; in the share of the layers recomputed (recomputed_share).
+    share = recomputed_share(plan, s.layers)
+    n_att = 2 + share * (plan.remat.out_proj == "remat")
+    n_mlp = 2 + share * (plan.remat.mlp_out == "remat" and job.fw.reruns_mlp_out)
     # Hidden behind the layer's own matmuls to the extent tp_overlap allows.
     per_layer_t = n_att * t + n_mlp * t_mlp
     exposed = max(per_layer_t * (1 - eff.tp_overlap), per_layer_t - eff.tp_overlap * (st.layer_fwd + st.layer_bwd))

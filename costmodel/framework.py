@@ -63,6 +63,8 @@ class Framework:
     # sequence-parallel re-gather), MLA's down-projections and the routed tokens are too; an MLP output kept on
     # device is dropped (nothing needs it); else PyTorch checkpointing: what the policy names
     reruns_mlp_out: bool = False  # full recompute reruns the MLP output matmul and its tp all-reduce (Megatron)
+    block_recompute: bool = False  # full recompute of only the first N layers per chunk (Megatron-Core's
+    # --recompute-method block --recompute-num-layers N: megatron/core/recompute.py checkpointed_forward)
     # ---- mixture of experts
     dropless_worst_case: bool = False  # dropless routing sizes expert buffers for the worst case under ep
     dispatch_sp_shards: bool = True  # the all-to-all sends the sequence-parallel shards (1/tp of the tokens)
@@ -113,7 +115,8 @@ MAXTEXT = Framework(
 MEGATRON = Framework(
     # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
     "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
-    optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True)
+    optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True,
+    block_recompute=True)
 PYTORCH_FSDP = Framework(
     # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
     "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from costmodel.framework import SPMD, Framework, StateBytes
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import TENSORS, Plan, busiest_stage_layers, chunk_layer_counts, stage_layer_counts
+from costmodel.plan import (
+    REMAT_POLICIES,
+    TENSORS,
+    Plan,
+    busiest_stage_layers,
+    chunk_layer_counts,
+    recomputed_share,
+    stage_layer_counts,
+)
 from hardware.chip import Chip
 
 BF16 = 2
@@ -468,6 +476,13 @@ def activation_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape, st: State
     """Saved activations under the remat choices, the backward's working set and the scanned loop's buffers."""
     # Backward of one layer holds its intermediates (recomputed if needed) while their gradients flow.
     saved, offl, working = layer_activation_bytes(m, job, plan, s.tokens, s.kinds, s.layers)
+    share = recomputed_share(plan, s.layers)
+    if share < 1.0:
+        # Megatron-Core block recompute: the recomputed layers keep their input only (the policy's bytes), the
+        # others everything, as under remat none (megatron/core/recompute.py checkpointed_forward)
+        kept = layer_activation_bytes(m, job, plan.with_(remat=REMAT_POLICIES["none"]), s.tokens, s.kinds,
+                                      s.layers)[0]
+        saved = share * saved + (1.0 - share) * kept  # per layer, averaged over the stage's layers
     act_saved = saved * s.layers * s.inflight
     loop_buffers, loop_tp, layer_grads = 0.0, 0.0, 0.0
     # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)

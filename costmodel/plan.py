@@ -17,6 +17,9 @@ SPLIT_FLAGS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_p
 # Megatron-Core's ModelParallelConfig flag (--overlap-moe-expert-parallel-comm): the expert all-to-all of one
 # micro-batch runs behind another micro-batch's computation (combined 1F1B; DeepSeek's DualPipe does the same)
 EP_OVERLAP = "overlap_moe_expert_parallel_comm"
+# Megatron-Core's --recompute-num-layers under --recompute-granularity full --recompute-method block: only the first
+# N layers of each model chunk are recomputed (costmodel.plan.recomputed_share; docs/recompute_num_layers.md)
+RECOMPUTE_LAYERS = "recompute_num_layers"
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
 AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
@@ -148,6 +151,9 @@ class Plan:
     account_for_loss_in_pipeline_split: bool = False
     # the ep all-to-all hidden behind another micro-batch's compute (EP_OVERLAP; costmodel.estimate.expert_exchange)
     overlap_moe_expert_parallel_comm: bool = False
+    # Megatron-Core block recompute: under remat full only the first N layers of each chunk are recomputed, the
+    # others keep everything (remat none); 0: every layer follows the remat policy (RECOMPUTE_LAYERS)
+    recompute_num_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles"):
@@ -156,6 +162,10 @@ class Plan:
                 raise InputError(f"plan field {name!r}: expected a positive integer, got {v!r}")
         if self.zero not in (0, 1, 2, 3):
             raise InputError(f"plan field 'zero': expected 0, 1, 2 or 3, got {self.zero!r}")
+        n = self.recompute_num_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InputError(f"plan field {RECOMPUTE_LAYERS!r}: expected a non-negative integer (0: every layer), "
+                             f"got {n!r}")
         for name in (*SPLIT_FLAGS, EP_OVERLAP):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"plan field {name!r}: expected true or false, got {getattr(self, name)!r}")
@@ -287,3 +297,14 @@ def busiest_stage_layers(n_layers: int, plan: Plan) -> int:
                          f"(every stage needs a positive multiple of vpp layers); use a pp*vpp that divides "
                          f"{n_layers}")
     return max(split)
+
+
+def recomputed_share(plan: Plan, stage_layers: float) -> float:
+    """Share of a stage's layers the remat policy recomputes: 1 unless recompute_num_layers N is set; then the
+    first N layers of each of the stage's vpp chunks (Megatron-LM megatron/core/recompute.py checkpointed_forward,
+    recompute_method 'block': layer_idx < recompute_num_layers checkpointed, the rest run without checkpoint),
+    i.e. min(N, layers per chunk) / (layers per chunk); chunks taken as equal (stage_layers / vpp)."""
+    if not plan.recompute_num_layers:
+        return 1.0
+    per_chunk = stage_layers / plan.vpp  # layers of one model chunk of this stage
+    return min(plan.recompute_num_layers, per_chunk) / per_chunk

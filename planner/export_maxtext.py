@@ -57,6 +57,17 @@ def _split_flags(plan) -> tuple[Any, str]:
         f"{'both' if len(on) > 1 else 'it'} -> false")
 
 
+def _block_recompute(plan) -> tuple[Any, str]:
+    """Megatron-Core's block recompute (recompute_num_layers: the first N layers of each chunk recomputed, the
+    rest keeping everything) has no MaxText form (one remat_policy for every layer of the scan): dropped, with a
+    note; the plan recomputes every layer under its policy."""
+    if not plan.recompute_num_layers:
+        return plan, ""
+    return plan.with_(recompute_num_layers=0), (
+        f"recompute_num_layers {plan.recompute_num_layers}: MaxText applies one remat_policy to every layer "
+        "(Megatron-Core's --recompute-method block has no MaxText form); every layer recomputed, it -> 0")
+
+
 def _ep_overlap(plan) -> tuple[Any, str]:
     """MaxText runs no expert all-to-all behind another micro-batch's compute (its MoE layer's all-to-alls sit in
     the layer's own shard_map, in order): the overlap is dropped with a note."""
@@ -118,8 +129,9 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
     plan, job, notes = pf.plan, pf.job, []
     plan, why = _split_flags(plan)
     plan, why_overlap = _ep_overlap(plan)
+    plan, why_block = _block_recompute(plan)
     plan, why_even = _even_stages(pf, plan)
-    notes += [n for n in (why, why_overlap, why_even) if n]
+    notes += [n for n in (why, why_overlap, why_block, why_even) if n]
     if plan.zero == 3 and plan.dp > 1:
         plan = plan.with_(dp=1, fsdp=plan.fsdp * plan.dp, zero=0)
         notes.append(f"zero 3 over dp={pf.plan.dp}: MaxText shards weights over its fsdp axis; "

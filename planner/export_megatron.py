@@ -6,7 +6,8 @@ Flags as in Megatron-LM megatron/training/arguments.py (checked against the 2025
 is our dp * fsdp * ep); vpp and uneven pp -> per-stage layer counts, or Megatron-Core's
 --account-for-embedding/loss-in-pipeline-split where the plan sets them; batch -> --micro-batch-size and
 --global-batch-size; zero 1 -> --use-distributed-optimizer; the expert all-to-all overlap ->
---overlap-moe-expert-parallel-comm --delay-wgrad-compute; remat, offload, precision and the model -> their flags.
+--overlap-moe-expert-parallel-comm --delay-wgrad-compute; remat, offload, precision and the model -> their flags
+(remat full with recompute_num_layers N -> --recompute-method block --recompute-num-layers N, else uniform 1).
 What the arguments cannot express (fsdp or ZeRO-2/3, other remat choices, activation or parameter offload, int8)
 is exported as the nearest plan, with a warning and both predicted costs.
 Names are data, never code (issue 31): every argument is written through shlex.quote, and every comment line
@@ -309,6 +310,9 @@ def _training_args(job: Job, plan: Plan) -> list[str]:
     a: list[str] = []
     if plan.remat.name == "selective":
         a += ["--recompute-granularity", "selective"]
+    elif plan.remat.name == "full" and plan.recompute_num_layers:  # only the first N layers of each chunk
+        a += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+              str(plan.recompute_num_layers)]
     elif plan.remat.name == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if plan.overlap_moe_expert_parallel_comm:  # with the delayed weight gradients Megatron's MoE README pairs it with

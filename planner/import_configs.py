@@ -20,7 +20,7 @@ from costmodel.catalog import load_model
 from costmodel.constraints import check_plan
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import REMAT_POLICIES, SPLIT_FLAGS, Plan, Remat, pipeline_split
+from costmodel.plan import REMAT_POLICIES, SPLIT_FLAGS, Plan, Remat, busiest_stage_layers, pipeline_split
 from hardware.catalog import load_hardware
 from hardware.chip import Chip
 from hardware.errors import MAX_NAME_CHARS, InputError, check_name, did_you_mean, escape, excerpt, shown_path
@@ -972,19 +972,28 @@ def _megatron_zero(a: _Args) -> int:
     return zero
 
 
-def _megatron_remat(a: _Args, layers_per_chunk: int, where: str, notes: list[str]) -> Remat:
-    """--recompute-granularity (or --recompute-activations) as a policy; partial full recompute noted."""
+def _megatron_remat(a: _Args, where: str, notes: list[str]) -> tuple[Remat, int]:
+    """--recompute-granularity (or --recompute-activations) as a policy, and --recompute-num-layers N under
+    --recompute-method block (Plan.recompute_num_layers; 0 elsewhere). Uniform groups of N > 1 layers are
+    modelled as uniform 1 (every layer recomputed, each keeping its input), with a note."""
     gran = a.str("--recompute-granularity") or ("selective" if a.has("--recompute-activations") else "")
     if gran == "selective":
-        return REMAT_POLICIES["selective"]
+        return REMAT_POLICIES["selective"], 0
     if gran == "full":
         method, n = a.str("--recompute-method", "uniform"), a.int("--recompute-num-layers", 1)
-        if (method == "uniform" and n != 1) or (method == "block" and n < layers_per_chunk):
+        if method == "block":  # the first n layers of each chunk recomputed (megatron/core/recompute.py)
+            if n < 1:
+                notes.append(f"remat: --recompute-method block --recompute-num-layers {n} recomputes no layer; "
+                             "remat none")
+                return REMAT_POLICIES["none"], 0
+            return REMAT_POLICIES["full"], n
+        if n != 1:
             notes.append(f"remat: --recompute-method {method} --recompute-num-layers {n} is modelled as full "
-                         "recompute of every layer")
-        return REMAT_POLICIES["full"]
+                         "recompute of every layer, each keeping its input (uniform 1: one input per layer, not "
+                         f"per group of {n}, and one layer's activations in the backward, not {n})")
+        return REMAT_POLICIES["full"], 0
     if gran in ("", "none"):
-        return REMAT_POLICIES["none"]
+        return REMAT_POLICIES["none"], 0
     raise InputError(f"{where}: argument --recompute-granularity: expected full or selective, got {excerpt(gran)}")
 
 
@@ -1039,7 +1048,7 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
         raise InputError(f"{where}: --global-batch-size {gbs} is not divisible by --micro-batch-size x data-parallel "
                          f"size = {mbs} x {dp_meg}")
     zero = _megatron_zero(a)
-    remat = _megatron_remat(a, split_layers // (pp * vpp), where, notes)
+    remat, block_layers = _megatron_remat(a, where, notes)
     overlap = _megatron_ep_overlap(a, pp, vpp, where)
     offload = a.has("--optimizer-cpu-offload")
     if offload and a.float("--optimizer-offload-fraction", 1.0) < 1.0:
@@ -1051,7 +1060,21 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     plan = Plan(dp=dp_meg // ep, tp=tp, cp=cp, pp=pp, ep=ep, vpp=vpp, micro_batch=mbs, zero=zero,
                 sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload, **split_flags,
                 overlap_moe_expert_parallel_comm=overlap)
+    plan = plan.with_(recompute_num_layers=_block_layers(m, plan, block_layers))
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
+
+
+def _block_layers(m: ModelSpec, plan: Plan, n: int) -> int:
+    """Plan.recompute_num_layers for --recompute-method block --recompute-num-layers n: 0 (every layer, as remat
+    full) when n covers the largest model chunk (stage layers / vpp), else n. A split Megatron refuses is left to
+    check_plan's message."""
+    if not n:
+        return 0
+    try:
+        chunk = -(-busiest_stage_layers(m.n_layers, plan) // plan.vpp)  # layers of the largest model chunk
+    except InputError:
+        return n
+    return 0 if n >= chunk else n
 
 
 def import_config(kind: str, path: str, hardware: str | None = None, chips: int | None = None,

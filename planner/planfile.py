@@ -19,7 +19,7 @@ from costmodel.cost import Cost
 from costmodel.estimate import dcn_split
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import AXES, EP_OVERLAP, REMAT_POLICIES, SPLIT_FLAGS, TENSORS, Plan, Remat
+from costmodel.plan import AXES, EP_OVERLAP, RECOMPUTE_LAYERS, REMAT_POLICIES, SPLIT_FLAGS, TENSORS, Plan, Remat
 from hardware.catalog import load_hardware, preset_names
 from hardware.chip import Chip
 from hardware.errors import MAX_NAME_CHARS, InputError, check_name, did_you_mean, escape, excerpt, shown_path, unknown
@@ -30,7 +30,8 @@ VERSION = 1
 TOP_FIELDS = ("version", "description", "model", "hardware", "chips", "job", "plan", "predicted")
 REQUIRED_TOP = ("version", "model", "hardware", "chips", "job", "plan")
 PLAN_FIELDS = ("degrees", "slices", "ici", "dcn", "micro_batch", "vpp", "zero", "sequence_parallel", "remat",
-               "offload_optimizer", "offload_params", "vocab_tiles", *SPLIT_FLAGS, EP_OVERLAP)
+               "offload_optimizer", "offload_params", "vocab_tiles", *SPLIT_FLAGS, EP_OVERLAP,
+               RECOMPUTE_LAYERS)
 PREDICTED_FIELDS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "fit_memory_bytes", "fits")
 MODEL_META = ("name", "description", "source")
 MAX_REF_CHARS = 1024  # a model or hardware reference that is a path (a name: MAX_NAME_CHARS)
@@ -225,6 +226,8 @@ def _plan_from(data: dict, where: str) -> Plan:
     for f in ("sequence_parallel", "offload_optimizer", "offload_params", *SPLIT_FLAGS, EP_OVERLAP):
         if f in data:
             kw[f] = _bool(data[f], where, f"plan.{f}")
+    if RECOMPUTE_LAYERS in data:  # Megatron-Core's block recompute; 0: every layer follows the remat policy
+        kw[RECOMPUTE_LAYERS] = _int(data[RECOMPUTE_LAYERS], where, f"plan.{RECOMPUTE_LAYERS}", minimum=0)
     if "remat" in data:
         kw["remat"] = _remat_from(data["remat"], where)
     try:
@@ -386,6 +389,8 @@ def plan_dict(plan: Plan, chip: Chip | None) -> dict:
     if plan.vocab_tiles > 1:
         out["vocab_tiles"] = plan.vocab_tiles
     out.update({f: True for f in (*SPLIT_FLAGS, EP_OVERLAP) if getattr(plan, f)})  # only when set (Megatron-Core's)
+    if plan.recompute_num_layers:  # written only when set (Megatron-Core's block recompute)
+        out[RECOMPUTE_LAYERS] = plan.recompute_num_layers
     return out
 
 
