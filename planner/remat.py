@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from costmodel.cost import Cost, Role
 from costmodel.estimate import estimate, stage_times
 from costmodel.job import Job
 from costmodel.memory import memory_terms, pipeline_inflight
 from costmodel.model import ModelSpec
-from costmodel.plan import CHOICES, REMAT_POLICIES, TENSORS, Remat
+from costmodel.plan import CHOICES, REMAT_POLICIES, TENSORS, Plan, Remat, busiest_stage_layers
 from hardware.chip import Chip
 from planner.candidates import Constraints, Mesh
 from planner.cpsat import Program
@@ -44,10 +44,16 @@ class Choice:
     remat: Remat
     offload_optimizer: bool
     offload_params: bool
+    recompute_num_layers: int = 0  # Megatron-Core block recompute under remat full (0: every layer)
 
     def key(self) -> tuple:
         order = {c: i for i, c in enumerate(CHOICES)}
-        return tuple(order[c] for c in self.remat.choices().values()) + (self.offload_optimizer, self.offload_params)
+        return tuple(order[c] for c in self.remat.choices().values()) + (self.offload_optimizer, self.offload_params,
+                                                                          self.recompute_num_layers)
+
+    def plan(self, mesh: Mesh) -> Plan:
+        """The mesh's plan under this assignment."""
+        return mesh.plan(self.remat, self.offload_optimizer, self.offload_params, self.recompute_num_layers)
 
 
 def make_remat(choices: dict[str, str]) -> Remat:
@@ -358,7 +364,7 @@ NONE = dict.fromkeys(TENSORS, "device")
 
 
 def evaluate(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch: Choice) -> Cost:
-    return estimate(m, chip, job, mesh.plan(ch.remat, ch.offload_optimizer, ch.offload_params))
+    return estimate(m, chip, job, ch.plan(mesh))
 
 
 def group_key(mesh: Mesh) -> tuple:
@@ -611,12 +617,39 @@ def brute_force(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraint
     best = None
     min_hbm = math.inf
     choices = all_choices(cons)
-    for ch in choices:
-        cost = evaluate(m, chip, job, mesh, ch)
+    costs = [(ch, evaluate(m, chip, job, mesh, ch)) for ch in choices]
+    n_est = len(costs)
+    if job.fw.block_recompute and cons.remat is None and not any(c.fits and ch.remat.name == "none"
+                                                                  for ch, c in costs):
+        for ch, cost in list(costs):
+            if cost.fits and ch.remat.name == "full":
+                found, calls = block_recompute(m, chip, job, mesh, ch)
+                costs += found
+                n_est += calls
+    for ch, cost in costs:
         min_hbm = min(min_hbm, cost.fit_memory_bytes)
         if cost.fits and (best is None or result_key(cost, mesh, ch) < result_key(best[1], mesh, best[0])):
             best = (ch, cost)
-    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, min_hbm, len(choices), True)
+    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, min_hbm, n_est, True)
+
+
+def block_recompute(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, full: Choice) -> tuple[list, int]:
+    """Megatron-Core's block recompute for a mesh where remat full fits and none does not: the fewest layers per
+    chunk N (1 .. chunk - 1) that still fit, found by bisection (memory falls and time rises with N:
+    costmodel.memory.activation_terms, costmodel.plan.recomputed_share), as [(choice, cost)] (empty when even
+    chunk - 1 does not fit), and the estimates it took (about log2 of the chunk's layers)."""
+    chunk = -(-busiest_stage_layers(m.n_layers, full.plan(mesh)) // mesh.vpp)  # layers of the largest chunk
+    lo, hi, calls, best = 1, chunk - 1, 0, []
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ch = replace(full, recompute_num_layers=mid)
+        cost = evaluate(m, chip, job, mesh, ch)
+        calls += 1
+        if cost.fits:
+            best, hi = [(ch, cost)], mid - 1
+        else:
+            lo = mid + 1
+    return best, calls
 
 
 def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints, base: Cost | None = None,

@@ -56,7 +56,7 @@ class PlanResult:
         from planner.remat import Choice
 
         return result_key(self.cost, self.mesh, Choice(self.plan.remat, self.plan.offload_optimizer,
-                                                       self.plan.offload_params))
+                                                       self.plan.offload_params, self.plan.recompute_num_layers))
 
 
 @dataclass
@@ -199,7 +199,7 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
         if r.cost is None:
             stats.infeasible += 1
             continue
-        res = PlanResult(mesh.plan(r.choice.remat, r.choice.offload_optimizer, r.choice.offload_params), r.cost, mesh)
+        res = PlanResult(r.choice.plan(mesh), r.cost, mesh)
         best.append(res)
         best.sort(key=PlanResult.key)
         del best[top:]
