@@ -612,15 +612,19 @@ def result_key(cost: Cost, mesh: Mesh, ch: Choice) -> tuple:
 
 
 def brute_force(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints) -> MeshResult:
-    """Every allowed assignment costed with estimate(): the reference the CP-SAT path is checked against."""
+    """Every allowed assignment costed with estimate(): the reference the CP-SAT path is checked against. Under a
+    Megatron-Core policy set, where remat full fits and none does not, block recompute's fewest layers that fit
+    too (block_recompute)."""
     cons = cons.for_mesh(m, chip, job, mesh)
     best = None
     min_hbm = math.inf
     choices = all_choices(cons)
     costs = [(ch, evaluate(m, chip, job, mesh, ch)) for ch in choices]
     n_est = len(costs)
-    if job.fw.block_recompute and cons.remat is None and not any(c.fits and ch.remat.name == "none"
-                                                                  for ch, c in costs):
+    # Megatron-Core's block recompute, within its whole-layer policy set (planner.export_megatron.megatron_constraints;
+    # the per-tensor search of solve_mesh has no layer counts)
+    if job.fw.block_recompute and policy_set(cons) is not None and not any(c.fits and ch.remat.name == "none"
+                                                                            for ch, c in costs):
         for ch, cost in list(costs):
             if cost.fits and ch.remat.name == "full":
                 found, calls = block_recompute(m, chip, job, mesh, ch)
