@@ -61,6 +61,8 @@ def fates(plan) -> str:
     if host:
         parts.append("host " + ",".join(host))
     name = plan.remat.name if plan.remat.name != "custom" else ""
+    if plan.recompute_num_layers:  # Megatron's --recompute-method block: only the first N layers of a chunk
+        name = f"{name} first {plan.recompute_num_layers}/chunk"
     return (f"{name}: " if name else "") + "; ".join(parts)  # (not "[name]": rich would take it for markup)
 
 
