@@ -71,7 +71,7 @@ NOTES = """
 #  - sliding windows (no preset has one; tests and the equality check use llama3-8b with Gemma 3's pattern): the
 #    blockwise attention skips the blocks outside the window; FLOPs within 2 % on the plans tried.
 # Outside this set (benchmarks/validate_sweep.py: 4 model families x 13 meshes x 3 remat policies, 120 plans;
-# FLOPs 120/120, state 120/120, memory 88/120, collectives 258/306 within tolerance):
+# FLOPs 96/120, state 120/120, memory 75/120, collectives 258/303 within tolerance, with the flash barriers kept):
 #  - tp with sequence parallelism: memory -10 % to -30 % (gpt3's shape most, tp 4 more than tp 2): XLA:CPU keeps
 #    ten or more full-width [tokens, d] temporaries in a layer's backward (the gathered inputs and the partial
 #    sums before their reduce-scatter), where the cost model's working set holds the sequence-split tensors; at
