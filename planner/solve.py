@@ -238,8 +238,8 @@ def suggest(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | 
     s = search(m, roomy_chip, job, chips, cons, top=pool, exhaustive=exhaustive, explain=False)
     found = list(s.plans)
     backed = evidence_constraints(cons, chip) if rank == "conservative" else None
-    if backed is not None:
-        more = search(m, roomy_chip, job, chips, backed, top=top, exhaustive=exhaustive, explain=False)
+    more = _backed_search(m, roomy_chip, job, chips, backed, top, exhaustive) if backed is not None else None
+    if more is not None:
         s.stats = _merge(s.stats, more.stats)
         found += [r for r in more.plans if r.plan not in {f.plan for f in found}]
     roomy = [_recost(m, chip, job, r, False) for r in found]
@@ -255,6 +255,16 @@ def suggest(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | 
     s.plans = (sorted(roomy, key=key) + sorted(tight, key=key))[:top]
     s.chip, s.headroom, s.ranked_by = chip, headroom, rank
     return s
+
+
+def _backed_search(m: ModelSpec, chip: Chip, job: Job, chips: int, backed: Constraints, top: int,
+                   exhaustive: bool) -> Suggestion | None:
+    """The extra search within what the evidence backs; None when no plan lies there (1T on 18,432 v5p: every
+    layout needs cp > 1, which no v5p run split), so the ranking falls back to the main search's plans."""
+    try:
+        return search(m, chip, job, chips, backed, top=top, exhaustive=exhaustive, explain=False)
+    except InputError:
+        return None
 
 
 def evidence_constraints(cons: Constraints | None, chip: Chip) -> Constraints | None:

@@ -138,6 +138,15 @@ def test_suggest_ranks_by_the_slow_end_and_keeps_headroom():
     assert e["ranked_by"] == "expected" and times == sorted(times)
 
 
+def test_conservative_rank_falls_back_when_the_evidence_backs_no_plan():
+    # 1T on 18,432 v5p (3 slices): every plan needs cp > 1, which no v5p calibration run split, so the extra
+    # evidence-backed search finds nothing; the default ranking must still return the main search's plans
+    r = run("suggest", "-m", "1T", "-n", "18432", "--top", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["ranked_by"] == "conservative" and d["plans"][0]["degrees"]["cp"] > 1
+
+
 def test_suggest_default_framework_follows_the_vendor():
     gpu = json.loads(run("suggest", "-m", "llama2-7b", "-H", "h100-sxm", "-n", "16", "-b", "64", "--top", "1",
                          "--json").stdout)
