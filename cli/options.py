@@ -68,6 +68,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
         ("--recompute-num-layers",), int, "N", "Megatron-Core: under --remat full recompute only the first N "
         "layers of each pipeline stage (each model chunk with --vpp); the rest keep all their activations "
         "(--recompute-method block)."),
+    "cpu_offload_layers": (
+        ("--cpu-offloading-num-layers",), int, "N", "Megatron-Core: keep the saved activations of the first N "
+        "layers in host memory between their forward and backward (with --remat none and --pp 1)."),
     "precision": (("--precision",), str, "NAME", "Matmul precision: bf16, fp8 or int8."),
     "framework": (("--framework",), str, "NAME", "State and collective conventions: maxtext, megatron, pytorch-fsdp "
                   "or deepspeed."),

@@ -19,7 +19,7 @@ import typer
 
 from cli import options as o
 from cli.options import DEFAULTS, OPTIONS, option
-from costmodel.plan import AXES, EP_OVERLAP, RECOMPUTE_LAYERS, SPLIT_FLAGS, Plan, parse_remat
+from costmodel.plan import AXES, CPU_OFFLOAD_LAYERS, EP_OVERLAP, RECOMPUTE_LAYERS, SPLIT_FLAGS, Plan, parse_remat
 from hardware.errors import InputError
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ class PlanFlags:
     account_for_loss_in_pipeline_split: bool = False
     overlap_moe_expert_parallel_comm: bool = False
     recompute_num_layers: int | None = None
+    cpu_offload_layers: int | None = None
     precision: str | None = None
     framework: str | None = None
     weight_dtype: str | None = None
@@ -83,12 +84,13 @@ def with_plan_flags(omit: tuple[str, ...] = (), defaults: Mapping[str, Any] = DE
     arguments of that flag's typer.Option. The pipeline-split switches (Megatron-Core's) go with --pp and
     --framework: a command that omits either (it searches the pipeline, or fixes its own framework) has none; the
     expert all-to-all overlap goes with --ep and --framework the same way, --recompute-num-layers with --remat and
-    --framework."""
+    --framework, as is --cpu-offloading-num-layers."""
     split_off = "pp" in omit or "framework" in omit
     overlap_off = "ep" in omit or "framework" in omit
     recompute_off = "remat" in omit or "framework" in omit
     names = [n for n in OPTIONS if n not in omit and not (split_off and n in SPLIT_FLAGS)
-             and not (overlap_off and n == EP_OVERLAP) and not (recompute_off and n == RECOMPUTE_LAYERS)]
+             and not (overlap_off and n == EP_OVERLAP)
+             and not (recompute_off and n in (RECOMPUTE_LAYERS, CPU_OFFLOAD_LAYERS))]
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(command, eval_str=True)
@@ -272,6 +274,8 @@ def override_plan(plan: Plan, flags: PlanFlags, defaults: Mapping[str, Any] | No
         plan = plan.with_(remat=parse_remat(remat))
     if flags.recompute_num_layers is not None:  # checked against the plan by costmodel.constraints
         plan = plan.with_(recompute_num_layers=o.positive("--recompute-num-layers", flags.recompute_num_layers))
+    if flags.cpu_offload_layers is not None:  # checked against the model and plan by costmodel.constraints
+        plan = plan.with_(cpu_offload_layers=o.positive("--cpu-offloading-num-layers", flags.cpu_offload_layers))
     return with_offload(plan, list(flags.offload or ()), remat)
 
 

@@ -46,6 +46,8 @@ def plan_summary(plan: Plan) -> str:
         extra.append("ep-a2a-overlap")
     if plan.recompute_num_layers:  # Megatron-Core's --recompute-method block --recompute-num-layers
         extra.append(f"recompute-layers={plan.recompute_num_layers}")
+    if plan.cpu_offload_layers:  # Megatron-Core's --cpu-offloading-num-layers
+        extra.append(f"cpu-offload-layers={plan.cpu_offload_layers}")
     return deg + "  " + " ".join(extra)
 
 
@@ -55,7 +57,8 @@ def plan_dict(plan: Plan) -> dict:
             "remat_tensors": plan.remat.choices(), "offload_optimizer": plan.offload_optimizer,
             "offload_params": plan.offload_params, "slices": plan.slices,
             **{f: True for f in (*SPLIT_FLAGS, EP_OVERLAP) if getattr(plan, f)},  # Megatron-Core's flags, when set
-            **({"recompute_num_layers": plan.recompute_num_layers} if plan.recompute_num_layers else {})}
+            **({"recompute_num_layers": plan.recompute_num_layers} if plan.recompute_num_layers else {}),
+            **({"cpu_offload_layers": plan.cpu_offload_layers} if plan.cpu_offload_layers else {})}
 
 
 def print_json(obj: dict) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from costmodel.framework import REGISTRY
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import EP_OVERLAP, RECOMPUTE_LAYERS, REMAT_POLICIES, SPLIT_FLAGS, Plan, busiest_stage_layers
+from costmodel.plan import (
+    CPU_OFFLOAD_LAYERS,
+    EP_OVERLAP,
+    RECOMPUTE_LAYERS,
+    REMAT_POLICIES,
+    SPLIT_FLAGS,
+    Plan,
+    busiest_stage_layers,
+)
 from hardware.chip import Chip
 from hardware.errors import InputError
 
@@ -31,6 +39,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     if plan.vpp > 1 and plan.pp == 1:
         raise InputError(f"vpp: virtual stages ({plan.vpp}) need pp > 1")
     check_recompute_layers(m, job, plan)
+    check_cpu_offload_layers(m, job, plan)
     if job.seq_len % plan.cp:
         raise InputError(f"cp: seq_len {job.seq_len} is not divisible by cp {plan.cp}")
     if plan.ep > 1 and not m.is_moe:
@@ -87,6 +96,29 @@ def check_recompute_layers(m: ModelSpec, job: Job, plan: Plan) -> None:
     chunk = -(-busiest_stage_layers(m.n_layers, plan) // plan.vpp)  # layers of the largest model chunk
     if n > chunk:
         raise InputError(f"{flag}: expected 1 to {chunk} (the layers of a model chunk: stage layers / vpp), got {n}")
+
+
+def check_cpu_offload_layers(m: ModelSpec, job: Job, plan: Plan) -> None:
+    """Megatron-Core's --cpu-offloading-num-layers N (Plan.cpu_offload_layers): only under a framework that runs
+    it (Framework.layer_cpu_offload), and TransformerConfig.__post_init__'s checks: N from 1 to num_layers - 1,
+    no pipeline parallelism, no activation recomputation (recompute_granularity None: --remat none)."""
+    n = plan.cpu_offload_layers
+    if not n:
+        return
+    flag = f"{CPU_OFFLOAD_LAYERS} (--cpu-offloading-num-layers)"
+    if not job.fw.layer_cpu_offload:
+        names = " or ".join(f.name for f in REGISTRY.values() if f.layer_cpu_offload)
+        raise InputError(f"{flag}: Megatron-Core's layer CPU offloading; expected --framework {names}, got "
+                         f"{job.framework}")
+    if plan.pp > 1:
+        raise InputError(f"{flag}: expected pp 1, got pp {plan.pp} (Megatron-Core: 'Currently there is no support "
+                         "for Pipeline parallelism with CPU offloading')")
+    if plan.remat.choices() != REMAT_POLICIES["none"].choices():
+        raise InputError(f"{flag}: expected --remat none, got {plan.remat.summary()} (Megatron-Core: 'CPU "
+                         "offloading does not work when activation recomputation is enabled')")
+    if n >= m.n_layers:
+        raise InputError(f"{flag}: expected 1 to {m.n_layers - 1} (fewer than the model's {m.n_layers} layers), "
+                         f"got {n}")
 
 
 def check_ep_overlap(m: ModelSpec, job: Job, plan: Plan) -> None:

@@ -28,7 +28,7 @@ from costmodel.framework import NEXT_FORWARD, WITH_GRADS
 from costmodel.job import Job
 from costmodel.memory import MemoryTerms, StepShape, memory_terms, step_shape, weight_shard_degrees
 from costmodel.model import ModelSpec
-from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, plan_split, recomputed_share
+from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, cpu_offload_windows, plan_split, recomputed_share
 from hardware.chip import Chip
 from hardware.errors import InputError
 from hardware.topology import AxisLink, collective_time, lay_out
@@ -533,6 +533,8 @@ def host_transfers(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective
         exposed = n * (max(0.0, t - hov * st.layer_fwd) + max(0.0, t - hov * st.layer_bwd))
         out.append(_coll(Role.ACTIVATION_OFFLOAD, "host", "d2h/h2d", "activations", 2 * n, off_bytes, t, exposed,
                          "host"))
+    if mem.cpu_offload_layer_bytes > 0:
+        out.append(layer_offload_transfer(c, st, mem.cpu_offload_layer_bytes))
     if plan.offload_optimizer:
         # Gradients down, updated parameters up, once per step, not overlapped (they bracket the update).
         nbytes = mem.optimizer_param_elems * (mem.grad_bytes + BF16)
@@ -544,6 +546,22 @@ def host_transfers(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective
         t = nbytes / chip.host_link_Bps
         out.append(_coll(Role.PARAM_OFFLOAD, "host", "d2h/h2d", "parameters", 1, nbytes, t, t, "host"))
     return out
+
+
+def layer_offload_transfer(c: Step, st: StageTimes, nbytes: float) -> Collective:
+    """Megatron-Core's layer CPU offload (--cpu-offloading-num-layers N): each offloaded layer's saved activations
+    down to host in the forward and back in the backward, per micro-step, each copy hidden (to the host_overlap
+    share, as the per-tensor offload above) behind the layers its window spans (cpu_offload_windows: Transformer
+    Engine's layer_window_map), forward for the copy down, backward for the reload."""
+    chip, plan, s = c.chip, c.plan, c.shape
+    n = plan.cpu_offload_layers
+    t = nbytes / chip.host_link_Bps  # one layer's saved activations over the host link, one way
+    hov = chip.eff.host_overlap
+    # per offloaded layer: the copy down and the reload, less what hides behind their windows' compute
+    exposed = s.micro_steps * sum(max(0.0, t - hov * w * st.layer_fwd) + max(0.0, t - hov * w * st.layer_bwd)
+                                  for w in cpu_offload_windows(n, round(s.layers)))
+    return _coll(Role.ACTIVATION_OFFLOAD, "host", "d2h/h2d", "layer activations", 2 * n * s.micro_steps, nbytes, t,
+                 exposed, "host")
 
 
 def communication(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective]:

@@ -65,6 +65,8 @@ class Framework:
     reruns_mlp_out: bool = False  # full recompute reruns the MLP output matmul and its tp all-reduce (Megatron)
     block_recompute: bool = False  # full recompute of only the first N layers per chunk (Megatron-Core's
     # --recompute-method block --recompute-num-layers N: megatron/core/recompute.py checkpointed_forward)
+    layer_cpu_offload: bool = False  # the saved activations of N whole layers on host (Megatron-Core's
+    # --cpu-offloading-num-layers: TransformerBlock's Transformer Engine cpu offload context)
     # ---- mixture of experts
     dropless_worst_case: bool = False  # dropless routing sizes expert buffers for the worst case under ep
     dispatch_sp_shards: bool = True  # the all-to-all sends the sequence-parallel shards (1/tp of the tokens)
@@ -116,7 +118,7 @@ MEGATRON = Framework(
     # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
     "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
     optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True,
-    block_recompute=True)
+    block_recompute=True, layer_cpu_offload=True)
 PYTORCH_FSDP = Framework(
     # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
     "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)

@@ -141,6 +141,8 @@ class MemoryTerms:
     host_bytes: float
     fit_bytes: float  # what the fit check reads: fit_floor_bytes when XLA compiles the step, else peak_bytes
     breakdown: dict[str, float] = field(default_factory=dict)
+    cpu_offload_layer_bytes: float = 0.0  # saved activations of one layer Megatron-Core's layer CPU offload moves to
+    # host per micro-step (0: off; Plan.cpu_offload_layers)
 
 
 def head_table_bytes(logit_elems: float, table_elems: float, gathered: bool) -> float:
@@ -470,6 +472,7 @@ class ActivationTerms:
     loop_buffers: float  # xla_loop_extra_bytes
     loop_tp: float  # xla_loop_tp_bytes
     layer_grads: float  # the fp32 layer-gradient stack those read (0 without the scanned loop)
+    layer_host: float = 0.0  # saved activations of the layers Megatron-Core's layer CPU offload keeps on host
 
 
 def activation_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape, st: StateTerms) -> ActivationTerms:
@@ -484,6 +487,9 @@ def activation_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape, st: State
                                       s.layers)[0]
         saved = share * saved + (1.0 - share) * kept  # per layer, averaged over the stage's layers
     act_saved = saved * s.layers * s.inflight
+    layer_host = 0.0
+    if plan.cpu_offload_layers:  # check_cpu_offload_layers: pp 1, remat none (one micro-batch in flight)
+        act_saved, layer_host = cpu_offloaded_layers(saved, s.layers, plan.cpu_offload_layers, s.inflight)
     loop_buffers, loop_tp, layer_grads = 0.0, 0.0, 0.0
     # (MaxText runs a pipeline stage's layers unscanned by default: scan_layers_per_stage = false)
     if s.fw.scanned_layers and job.scan_layers and plan.pp == 1:
@@ -492,7 +498,17 @@ def activation_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape, st: State
             only_input = plan.remat.count("device") == 1 and plan.remat.choices()["layer_input"] == "device"
             loop_buffers = xla_loop_extra_bytes(act_saved, layer_grads, only_input, plan.tp)
             loop_tp = xla_loop_tp_bytes(act_saved, layer_grads, plan.tp)
-    return ActivationTerms(act_saved, offl, working, loop_buffers, loop_tp, layer_grads)
+    return ActivationTerms(act_saved, offl, working, loop_buffers, loop_tp, layer_grads, layer_host)
+
+
+def cpu_offloaded_layers(per_layer: float, layers: float, n: int, inflight: float) -> tuple[float, float]:
+    """(device, host) bytes of the stage's saved activations when Megatron-Core offloads n of its layers to host
+    (--cpu-offloading-num-layers; Transformer Engine's cpu_offload.py AsyncDoubleBufferGroupOffloadHandler): the
+    first n layers' saved tensors are copied to host, each freed on device at the end of its copy window
+    (cpu_offload_windows); the last one's window ends with the last layer's forward, so at that peak the device
+    holds the layers - n kept layers and one offloaded layer not yet freed (the backward's first reload brings
+    the same one back: the same count). Host: the n layers."""
+    return per_layer * (layers - n + 1) * inflight, per_layer * n * inflight
 
 
 def logit_terms(m: ModelSpec, plan: Plan, s: StepShape, st: StateTerms) -> tuple[float, float]:
@@ -523,7 +539,7 @@ def collective_buffer_bytes(plan: Plan, s: StepShape, st: StateTerms) -> float:
 
 def host_bytes(plan: Plan, s: StepShape, st: StateTerms, act: ActivationTerms) -> float:
     """Host memory per chip: offloaded activations, and the optimizer state and master weights when offloaded."""
-    host = act.offload_per_layer * s.layers * s.inflight
+    host = act.offload_per_layer * s.layers * s.inflight + act.layer_host
     if plan.offload_optimizer:
         host += st.opt_params * st.layout.optimizer
     if plan.offload_params:
@@ -566,4 +582,5 @@ def memory_terms(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int, s: 
         layer_weight_elems=st.layer_w, layer_expert_elems=st.experts / s.layers, loop_grad_bytes=act.layer_grads,
         non_expert_param_elems=st.params - st.experts / st.expert_shards,
         offload_bytes_per_layer=act.offload_per_layer, peak_bytes=max(total, fit), fit_bytes=fit,
-        host_bytes=host_bytes(plan, s, st, act), breakdown=breakdown)
+        host_bytes=host_bytes(plan, s, st, act), breakdown=breakdown,
+        cpu_offload_layer_bytes=act.layer_host / (plan.cpu_offload_layers * s.inflight) if act.layer_host else 0.0)

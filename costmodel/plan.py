@@ -20,6 +20,10 @@ EP_OVERLAP = "overlap_moe_expert_parallel_comm"
 # Megatron-Core's --recompute-num-layers under --recompute-granularity full --recompute-method block: only the first
 # N layers of each model chunk are recomputed (costmodel.plan.recomputed_share; docs/recompute_num_layers.md)
 RECOMPUTE_LAYERS = "recompute_num_layers"
+# Megatron-Core's --cpu-offloading-num-layers N (TransformerConfig.cpu_offloading_num_layers): the saved activations
+# of the first N layers go to host memory after their forward and come back before their backward
+# (costmodel.plan.cpu_offload_windows; docs/cpu_offload_layers.md)
+CPU_OFFLOAD_LAYERS = "cpu_offload_layers"
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
 AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
@@ -154,6 +158,9 @@ class Plan:
     # Megatron-Core block recompute: under remat full only the first N layers of each chunk are recomputed, the
     # others keep everything (remat none); 0: every layer follows the remat policy (RECOMPUTE_LAYERS)
     recompute_num_layers: int = 0
+    # Megatron-Core layer CPU offload: the saved activations of N of the stage's layers on host (CPU_OFFLOAD_LAYERS);
+    # 0: off
+    cpu_offload_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles"):
@@ -166,6 +173,9 @@ class Plan:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise InputError(f"plan field {RECOMPUTE_LAYERS!r}: expected a non-negative integer (0: every layer), "
                              f"got {n!r}")
+        n = self.cpu_offload_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InputError(f"plan field {CPU_OFFLOAD_LAYERS!r}: expected a non-negative integer (0: off), got {n!r}")
         for name in (*SPLIT_FLAGS, EP_OVERLAP):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"plan field {name!r}: expected true or false, got {getattr(self, name)!r}")
@@ -308,3 +318,19 @@ def recomputed_share(plan: Plan, stage_layers: float) -> float:
         return 1.0
     per_chunk = stage_layers / plan.vpp  # layers of one model chunk of this stage
     return min(plan.recompute_num_layers, per_chunk) / per_chunk
+
+
+def cpu_offload_windows(n_offload: int, n_layers: int) -> list[int]:
+    """Layers of compute each of the n_offload offloaded layers' host copy overlaps, one way (the same count in the
+    forward's device-to-host copy and the backward's reload). Transformer Engine's cpu_offload.py
+    AsyncDoubleBufferGroupOffloadHandler (Megatron-Core TransformerBlock's offload context, one group a layer):
+    layer_window_map[i] = (L // N) * (i + 1) - 1, plus i + 1 for the first L % N groups, else plus that last
+    i + 1; group 0 is copied from the end of layer 0 to window[0], group i from window[i - 1] to window[i], each
+    freed on device at its window's end; the reloads run the same windows backwards."""
+    window, extra = [], 0
+    for i in range(n_offload):
+        w = (n_layers // n_offload) * (i + 1) - 1  # TE's layer_window_map[i]
+        if i < n_layers % n_offload:
+            extra = i + 1
+        window.append(w + extra)
+    return [window[0]] + [b - a for a, b in zip(window, window[1:], strict=False)]

@@ -68,6 +68,16 @@ def _block_recompute(plan) -> tuple[Any, str]:
         "(Megatron-Core's --recompute-method block has no MaxText form); every layer recomputed, it -> 0")
 
 
+def _layer_offload(plan) -> tuple[Any, str]:
+    """Megatron-Core's layer CPU offload (cpu_offload_layers: whole layers' saved activations on host) has no
+    MaxText form (MaxText offloads named tensors of every layer through its remat policy): dropped, with a note."""
+    if not plan.cpu_offload_layers:
+        return plan, ""
+    return plan.with_(cpu_offload_layers=0), (
+        f"cpu_offload_layers {plan.cpu_offload_layers}: MaxText offloads named tensors of every layer "
+        "(remat_policy custom), not whole layers (Megatron-Core's --cpu-offloading-num-layers); it -> 0")
+
+
 def _ep_overlap(plan) -> tuple[Any, str]:
     """MaxText runs no expert all-to-all behind another micro-batch's compute (its MoE layer's all-to-alls sit in
     the layer's own shard_map, in order): the overlap is dropped with a note."""
@@ -130,8 +140,9 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
     plan, why = _split_flags(plan)
     plan, why_overlap = _ep_overlap(plan)
     plan, why_block = _block_recompute(plan)
+    plan, why_layers = _layer_offload(plan)
     plan, why_even = _even_stages(pf, plan)
-    notes += [n for n in (why, why_overlap, why_block, why_even) if n]
+    notes += [n for n in (why, why_overlap, why_block, why_layers, why_even) if n]
     if plan.zero == 3 and plan.dp > 1:
         plan = plan.with_(dp=1, fsdp=plan.fsdp * plan.dp, zero=0)
         notes.append(f"zero 3 over dp={pf.plan.dp}: MaxText shards weights over its fsdp axis; "

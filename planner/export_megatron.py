@@ -7,7 +7,8 @@ is our dp * fsdp * ep); vpp and uneven pp -> per-stage layer counts, or Megatron
 --account-for-embedding/loss-in-pipeline-split where the plan sets them; batch -> --micro-batch-size and
 --global-batch-size; zero 1 -> --use-distributed-optimizer; the expert all-to-all overlap ->
 --overlap-moe-expert-parallel-comm --delay-wgrad-compute; remat, offload, precision and the model -> their flags
-(remat full with recompute_num_layers N -> --recompute-method block --recompute-num-layers N, else uniform 1).
+(remat full with recompute_num_layers N -> --recompute-method block --recompute-num-layers N, else uniform 1;
+cpu_offload_layers N -> --cpu-offloading-num-layers N, the only CLI form: arguments.py sets cpu_offloading from it).
 What the arguments cannot express (fsdp or ZeRO-2/3, other remat choices, activation or parameter offload, int8)
 is exported as the nearest plan, with a warning and both predicted costs.
 Names are data, never code (issue 31): every argument is written through shlex.quote, and every comment line
@@ -315,6 +316,8 @@ def _training_args(job: Job, plan: Plan) -> list[str]:
               str(plan.recompute_num_layers)]
     elif plan.remat.name == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if plan.cpu_offload_layers:  # activations offloaded (cpu_offloading_activations defaults True), weights not
+        a += ["--cpu-offloading-num-layers", str(plan.cpu_offload_layers)]
     if plan.overlap_moe_expert_parallel_comm:  # with the delayed weight gradients Megatron's MoE README pairs it with
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if plan.offload_optimizer:

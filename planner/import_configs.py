@@ -1061,6 +1061,9 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
                 sequence_parallel=a.has("--sequence-parallel"), remat=remat, offload_optimizer=offload, **split_flags,
                 overlap_moe_expert_parallel_comm=overlap)
     plan = plan.with_(recompute_num_layers=_block_layers(m, plan, block_layers))
+    # --cpu-offloading-num-layers N: on only when N > 0 (arguments.py sets cpu_offloading from it); check_plan
+    # then applies TransformerConfig's checks (pp 1, no recompute, N < num_layers)
+    plan = plan.with_(cpu_offload_layers=max(0, a.int("--cpu-offloading-num-layers", 0)))
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
 
 

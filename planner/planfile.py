@@ -19,7 +19,17 @@ from costmodel.cost import Cost
 from costmodel.estimate import dcn_split
 from costmodel.job import Job
 from costmodel.model import ModelSpec
-from costmodel.plan import AXES, EP_OVERLAP, RECOMPUTE_LAYERS, REMAT_POLICIES, SPLIT_FLAGS, TENSORS, Plan, Remat
+from costmodel.plan import (
+    AXES,
+    CPU_OFFLOAD_LAYERS,
+    EP_OVERLAP,
+    RECOMPUTE_LAYERS,
+    REMAT_POLICIES,
+    SPLIT_FLAGS,
+    TENSORS,
+    Plan,
+    Remat,
+)
 from hardware.catalog import load_hardware, preset_names
 from hardware.chip import Chip
 from hardware.errors import MAX_NAME_CHARS, InputError, check_name, did_you_mean, escape, excerpt, shown_path, unknown
@@ -31,7 +41,7 @@ TOP_FIELDS = ("version", "description", "model", "hardware", "chips", "job", "pl
 REQUIRED_TOP = ("version", "model", "hardware", "chips", "job", "plan")
 PLAN_FIELDS = ("degrees", "slices", "ici", "dcn", "micro_batch", "vpp", "zero", "sequence_parallel", "remat",
                "offload_optimizer", "offload_params", "vocab_tiles", *SPLIT_FLAGS, EP_OVERLAP,
-               RECOMPUTE_LAYERS)
+               RECOMPUTE_LAYERS, CPU_OFFLOAD_LAYERS)
 PREDICTED_FIELDS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "fit_memory_bytes", "fits")
 MODEL_META = ("name", "description", "source")
 MAX_REF_CHARS = 1024  # a model or hardware reference that is a path (a name: MAX_NAME_CHARS)
@@ -228,6 +238,8 @@ def _plan_from(data: dict, where: str) -> Plan:
             kw[f] = _bool(data[f], where, f"plan.{f}")
     if RECOMPUTE_LAYERS in data:  # Megatron-Core's block recompute; 0: every layer follows the remat policy
         kw[RECOMPUTE_LAYERS] = _int(data[RECOMPUTE_LAYERS], where, f"plan.{RECOMPUTE_LAYERS}", minimum=0)
+    if CPU_OFFLOAD_LAYERS in data:  # Megatron-Core's layer CPU offload; 0: off
+        kw[CPU_OFFLOAD_LAYERS] = _int(data[CPU_OFFLOAD_LAYERS], where, f"plan.{CPU_OFFLOAD_LAYERS}", minimum=0)
     if "remat" in data:
         kw["remat"] = _remat_from(data["remat"], where)
     try:
@@ -391,6 +403,8 @@ def plan_dict(plan: Plan, chip: Chip | None) -> dict:
     out.update({f: True for f in (*SPLIT_FLAGS, EP_OVERLAP) if getattr(plan, f)})  # only when set (Megatron-Core's)
     if plan.recompute_num_layers:  # written only when set (Megatron-Core's block recompute)
         out[RECOMPUTE_LAYERS] = plan.recompute_num_layers
+    if plan.cpu_offload_layers:  # written only when set (Megatron-Core's layer CPU offload)
+        out[CPU_OFFLOAD_LAYERS] = plan.cpu_offload_layers
     return out
 
 
