@@ -61,6 +61,14 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
         raise InputError(f"chips: {plan.chips} exceeds the {chip.name} profile's maximum of {max_chips}")
 
 
+def require_framework(job: Job, field: str, what: str) -> None:
+    """InputError unless the job's framework record has `field` set (costmodel.framework); the message names the
+    frameworks that have it."""
+    if not getattr(job.fw, field):
+        names = " or ".join(f.name for f in REGISTRY.values() if getattr(f, field))
+        raise InputError(f"{what}; expected --framework {names}, got {job.framework}")
+
+
 def check_split_flags(m: ModelSpec, job: Job, plan: Plan) -> None:
     """Megatron-Core's --account-for-embedding/loss-in-pipeline-split: only under a Megatron-Core framework, only
     with pp > 1, and only where Megatron's own checks accept the split (costmodel.plan.split_accounted)."""
@@ -68,10 +76,7 @@ def check_split_flags(m: ModelSpec, job: Job, plan: Plan) -> None:
     if not on:
         return
     flag = "--" + on[0].replace("_", "-")
-    if not job.fw.megatron_core:
-        names = " or ".join(f.name for f in REGISTRY.values() if f.megatron_core)
-        raise InputError(f"{on[0]} ({flag}): a Megatron-Core option; expected --framework {names}, got "
-                         f"{job.framework}")
+    require_framework(job, "megatron_core", f"{on[0]} ({flag}): a Megatron-Core option")
     if plan.pp == 1:
         raise InputError(f"{on[0]} ({flag}): counts a layer of the pipeline split; expected pp > 1, got pp 1")
     busiest_stage_layers(m.n_layers, plan)  # Megatron-Core's divisibility checks
@@ -86,10 +91,7 @@ def check_recompute_layers(m: ModelSpec, job: Job, plan: Plan) -> None:
     if not n:
         return
     flag = f"{RECOMPUTE_LAYERS} (--{RECOMPUTE_LAYERS.replace('_', '-')})"
-    if not job.fw.block_recompute:
-        names = " or ".join(f.name for f in REGISTRY.values() if f.block_recompute)
-        raise InputError(f"{flag}: Megatron-Core's block recompute; expected --framework {names}, got "
-                         f"{job.framework}")
+    require_framework(job, "block_recompute", f"{flag}: Megatron-Core's block recompute")
     if plan.remat.choices() != REMAT_POLICIES["full"].choices():
         raise InputError(f"{flag}: recomputes whole layers (--recompute-granularity full); expected --remat full, "
                          f"got {plan.remat.summary()}")
@@ -106,10 +108,7 @@ def check_cpu_offload_layers(m: ModelSpec, job: Job, plan: Plan) -> None:
     if not n:
         return
     flag = f"{CPU_OFFLOAD_LAYERS} (--cpu-offloading-num-layers)"
-    if not job.fw.layer_cpu_offload:
-        names = " or ".join(f.name for f in REGISTRY.values() if f.layer_cpu_offload)
-        raise InputError(f"{flag}: Megatron-Core's layer CPU offloading; expected --framework {names}, got "
-                         f"{job.framework}")
+    require_framework(job, "layer_cpu_offload", f"{flag}: Megatron-Core's layer CPU offloading")
     if plan.pp > 1:
         raise InputError(f"{flag}: expected pp 1, got pp {plan.pp} (Megatron-Core: 'Currently there is no support "
                          "for Pipeline parallelism with CPU offloading')")
@@ -128,10 +127,7 @@ def check_ep_overlap(m: ModelSpec, job: Job, plan: Plan) -> None:
     if not plan.overlap_moe_expert_parallel_comm:
         return
     flag = f"{EP_OVERLAP} (--{EP_OVERLAP.replace('_', '-')})"
-    if not job.fw.ep_overlap:
-        names = " or ".join(f.name for f in REGISTRY.values() if f.ep_overlap)
-        raise InputError(f"{flag}: the expert all-to-all overlap of Megatron-Core; expected --framework {names}, "
-                         f"got {job.framework}")
+    require_framework(job, "ep_overlap", f"{flag}: the expert all-to-all overlap of Megatron-Core")
     if plan.ep == 1 or not m.n_moe_layers:
         raise InputError(f"{flag}: hides the expert-parallel all-to-all; expected ep > 1 on a MoE model, got ep "
                          f"{plan.ep} on {m.name}")
