@@ -176,7 +176,13 @@ def fit_floor_bytes(breakdown: dict[str, float], loop_tp: float = 0.0, head: flo
 
 def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> float:
     """Micro-batches' worth of checkpoints a pipeline stage keeps per layer of the busiest stage (1 without pp).
-    n_layers: the model's, for an uneven split (costmodel.plan.pipeline_split)."""
+    n_layers: the model's, for an uneven split (costmodel.plan.pipeline_split). The expert all-to-all overlap
+    (Plan.overlap_moe_expert_parallel_comm) keeps one more forward pass in flight (docs/ep_overlap.md)."""
+    # Megatron-Core's combined 1F1B runs one micro-batch's forward beside another's backward: without a pipeline
+    # the next forward starts before the last backward (combined_1f1b.py, combined_1f1b_schedule_for_no_pipelining:
+    # 2 of M micro-batches at once); interleaved, one more warmup chunk pass (schedules.py get_pp_rank_microbatches:
+    # num_warmup_microbatches += 1 under overlap_moe_expert_parallel_comm)
+    extra = 1 if plan.overlap_moe_expert_parallel_comm else 0
     if job.fw.spmd_pipeline(plan.pp):
         # one scan over M * vpp + pp - 1 iterations of L / (pp * vpp) layers, differentiated as a whole: every
         # iteration's checkpoints are kept (the bubble's too)
@@ -185,17 +191,17 @@ def pipeline_inflight(job: Job, plan: Plan, accum: int, n_layers: int = 0) -> fl
         # 1F1B over an uneven split: stage s keeps min(M, pp - s) micro-batches of its own layers; the most of them
         # (Llama 3 405B over 16 stages: the second stage's 8 x 15, not 8 x 16), per layer of the busiest stage
         counts = stage_layer_counts(n_layers, plan.pp, 1, *plan.split_accounting)
-        return max(n * min(accum, plan.pp - s) for s, n in enumerate(counts)) / max(counts)
+        return max(n * min(accum, plan.pp - s + extra) for s, n in enumerate(counts)) / max(counts)
     if plan.pp > 1 and plan.vpp > 1 and any(plan.split_accounting):
         return interleaved_inflight_layers(n_layers, plan, accum) / busiest_stage_layers(n_layers, plan)
     if plan.pp > 1 and plan.vpp > 1:
         # interleaved 1F1B: the first rank runs 2 (pp - 1) + (vpp - 1) pp warm-up chunk passes and one more, at
         # most all M * vpp of them (Megatron-LM schedules.py, forward_backward_pipelining_with_interleaving:
         # num_warmup_microbatches capped at total_num_microbatches); a chunk holds 1 / vpp of the stage's layers
-        return min(accum * plan.vpp, plan.pp * plan.vpp + plan.pp - 1) / plan.vpp
-    if plan.pp > 1:  # 1F1B: min(M, pp) in flight
-        return min(accum, plan.pp)
-    return 1.0
+        return min(accum * plan.vpp, plan.pp * plan.vpp + plan.pp - 1 + extra) / plan.vpp
+    if plan.pp > 1:  # 1F1B: min(M, pp) in flight (with the overlap, one more: export_megatron drops it at vpp 1)
+        return min(accum, plan.pp + extra)
+    return float(min(accum, 1 + extra))
 
 
 def interleaved_inflight_layers(n_layers: int, plan: Plan, accum: int) -> int:
@@ -204,11 +210,12 @@ def interleaved_inflight_layers(n_layers: int, plan: Plan, accum: int) -> int:
     runs 2 (pp - 1 - r) + (vpp - 1) pp warm-up chunk passes and one more, at most M * vpp, taken in the order of
     Megatron-LM schedules.py get_schedule_table (groups of pp micro-batches, each through chunks 0..vpp-1)."""
     chunks = chunk_layer_counts(n_layers, plan)
+    extra = 1 if plan.overlap_moe_expert_parallel_comm else 0  # one more warmup pass (pipeline_inflight)
     order = []  # chunk of each forward pass, in schedule order
     for start in range(0, accum, plan.pp):
         group = accum - start if start + plan.pp >= accum else plan.pp
         order += [c for c in range(plan.vpp) for _ in range(group)]
-    return max(sum(chunks[r][c] for c in order[:2 * (plan.pp - 1 - r) + (plan.vpp - 1) * plan.pp + 1])
+    return max(sum(chunks[r][c] for c in order[:2 * (plan.pp - 1 - r) + (plan.vpp - 1) * plan.pp + 1 + extra])
                for r in range(plan.pp))
 
 

@@ -59,11 +59,12 @@ class Mesh:
     slices: int
 
     def plan(self, remat: Remat | None = None, offload_optimizer: bool = False,
-             offload_params: bool = False, recompute_num_layers: int = 0) -> Plan:
+             offload_params: bool = False, recompute_num_layers: int = 0, ep_overlap: bool = False) -> Plan:
         return Plan(dp=self.dp, fsdp=self.fsdp, tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vpp=self.vpp,
                     micro_batch=self.micro_batch, zero=self.zero, sequence_parallel=True,
                     remat=remat or REMAT_POLICIES["full"], offload_optimizer=offload_optimizer,
-                    offload_params=offload_params, slices=self.slices, recompute_num_layers=recompute_num_layers)
+                    offload_params=offload_params, slices=self.slices, recompute_num_layers=recompute_num_layers,
+                    overlap_moe_expert_parallel_comm=ep_overlap)
 
     @property
     def batch_shards(self) -> int:

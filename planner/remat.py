@@ -45,15 +45,17 @@ class Choice:
     offload_optimizer: bool
     offload_params: bool
     recompute_num_layers: int = 0  # Megatron-Core block recompute under remat full (0: every layer)
+    ep_overlap: bool = False  # Megatron-Core's expert all-to-all overlap (Plan.overlap_moe_expert_parallel_comm)
 
     def key(self) -> tuple:
         order = {c: i for i, c in enumerate(CHOICES)}
         return tuple(order[c] for c in self.remat.choices().values()) + (self.offload_optimizer, self.offload_params,
-                                                                          self.recompute_num_layers)
+                                                                          self.recompute_num_layers, self.ep_overlap)
 
     def plan(self, mesh: Mesh) -> Plan:
         """The mesh's plan under this assignment."""
-        return mesh.plan(self.remat, self.offload_optimizer, self.offload_params, self.recompute_num_layers)
+        return mesh.plan(self.remat, self.offload_optimizer, self.offload_params, self.recompute_num_layers,
+                         self.ep_overlap)
 
 
 def make_remat(choices: dict[str, str]) -> Remat:
@@ -634,7 +636,31 @@ def brute_force(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraint
         min_hbm = min(min_hbm, cost.fit_memory_bytes)
         if cost.fits and (best is None or result_key(cost, mesh, ch) < result_key(best[1], mesh, best[0])):
             best = (ch, cost)
-    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, min_hbm, n_est, True)
+    best, calls = with_ep_overlap(m, chip, job, mesh, best)
+    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, min_hbm, n_est + calls, True)
+
+
+def ep_overlap_applies(m: ModelSpec, job: Job, mesh: Mesh, ch: Choice) -> bool:
+    """Whether the expert all-to-all overlap may go on this mesh's choice: a framework that runs it, a MoE model
+    with ep > 1, the MoE layer's tensors kept (constraints.check_ep_overlap), and pp 1 or vpp > 1 (Megatron-Core
+    refuses it on the plain 1F1B pipeline: planner.export_megatron drops it there)."""
+    kept = all(ch.remat.choices()[t] != "remat" for t in ("mlp_in", "mlp_out"))
+    return (job.fw.ep_overlap and m.n_moe_layers > 0 and mesh.ep > 1 and (mesh.pp == 1 or mesh.vpp > 1) and kept
+            and not ch.recompute_num_layers)
+
+
+def with_ep_overlap(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh,
+                    best: tuple[Choice, Cost] | None) -> tuple[tuple[Choice, Cost] | None, int]:
+    """The mesh's best assignment with the expert all-to-all overlap on where it applies (ep_overlap_applies),
+    fits (one more forward pass in flight: costmodel.memory.pipeline_inflight) and is faster; and the estimates
+    it took (0 or 1). Tried on the best assignment only: the overlap only adds memory, so it fits nowhere the
+    assignment did not, and it saves about the same time under each kept-MoE assignment."""
+    if best is None or not ep_overlap_applies(m, job, mesh, best[0]):
+        return best, 0
+    ch = replace(best[0], ep_overlap=True)
+    cost = evaluate(m, chip, job, mesh, ch)
+    faster = cost.fits and result_key(cost, mesh, ch) < result_key(best[1], mesh, best[0])
+    return ((ch, cost) if faster else best), 1
 
 
 def block_recompute(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, full: Choice) -> tuple[list, int]:
@@ -707,5 +733,6 @@ def solve_mesh(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cons: Constraints
         r.estimates += n_est
         r.resolves = resolves
         return r
-    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, c_min.fit_memory_bytes, n_est,
-                      False, resolves)
+    best, calls = with_ep_overlap(m, chip, job, mesh, best)
+    return MeshResult(mesh, best[0] if best else None, best[1] if best else None, c_min.fit_memory_bytes,
+                      n_est + calls, False, resolves)

@@ -56,7 +56,8 @@ class PlanResult:
         from planner.remat import Choice
 
         return result_key(self.cost, self.mesh, Choice(self.plan.remat, self.plan.offload_optimizer,
-                                                       self.plan.offload_params, self.plan.recompute_num_layers))
+                                                       self.plan.offload_params, self.plan.recompute_num_layers,
+                                                       self.plan.overlap_moe_expert_parallel_comm))
 
 
 @dataclass

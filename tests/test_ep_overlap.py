@@ -70,7 +70,7 @@ def test_default_off_is_the_plan_without_it():
     b = estimate(SMALL_MOE, H100, JOB, replace(PLAN, **{EP_OVERLAP: False}))
     assert a == b
     on = estimate(SMALL_MOE, H100, JOB, PLAN.with_(**ON))
-    assert on.step_time_s < a.step_time_s and on.peak_memory_bytes == a.peak_memory_bytes
+    assert on.step_time_s < a.step_time_s and on.peak_memory_bytes > a.peak_memory_bytes  # one more in flight
 
 
 @pytest.mark.parametrize("job, plan, needle", [
@@ -160,3 +160,35 @@ def test_maxtext_export_drops_it_with_a_note():
     assert any("overlap_moe_expert_parallel_comm: MaxText has no expert all-to-all overlap" in w
                for w in res.warnings)
     assert not res.adapted.plan.overlap_moe_expert_parallel_comm
+
+
+def test_one_more_micro_batch_of_activations_in_flight():
+    """Combined 1F1B keeps one more forward pass's checkpoints (costmodel.memory.pipeline_inflight). By hand: pp 1,
+    8 micro-batches: plain gradient accumulation holds 1 micro-batch, the overlap 2 (1 when there is only one);
+    interleaved pp 2 vpp 2 (8 micro-batches): min(16, 2 x 2 + 1) = 5 chunk passes of half a stage, 6 with it."""
+    def acts(job: Job, plan: Plan) -> float:
+        return estimate(SMALL_MOE, H100, job, plan).memory["activations"]
+
+    assert acts(JOB, PLAN.with_(**ON)) == pytest.approx(2 * acts(JOB, PLAN))
+    one = Job(4096, 8, "bf16", "megatron")  # 8 chips, one micro-batch: nothing to pair, nothing more held
+    assert acts(one, PLAN.with_(**ON)) == pytest.approx(acts(one, PLAN))
+    inter = Plan(pp=2, vpp=2, ep=4, remat=parse_remat("none"))
+    assert acts(JOB, inter.with_(**ON)) == pytest.approx(6 / 5 * acts(JOB, inter))
+
+
+def _best(fw: str, fix: str):
+    from planner.candidates import parse_fix
+    from planner.solve import search
+
+    return search(SMALL_MOE, H100, Job(4096, 64, "bf16", fw), 16, cons=parse_fix(fix), explain=False).plans[0]
+
+
+def test_search_turns_it_on_where_the_all_to_all_dominates():
+    """ep 8 and micro-batch 1 pinned on 16 H100s (4 micro-batches a step to pair): suggest turns the overlap on under
+    Megatron-Core (faster, and it fits); MaxText has no such overlap, so never there."""
+    on = _best("megatron", "ep=8,micro_batch=1")
+    assert on.plan.overlap_moe_expert_parallel_comm and (on.plan.pp == 1 or on.plan.vpp > 1)
+    assert on.plan.remat.choices()["mlp_in"] != "remat"
+    off = estimate(SMALL_MOE, H100, Job(4096, 64, "bf16", "megatron"), on.plan.with_(**{EP_OVERLAP: False}))
+    assert on.cost.step_time_s < off.step_time_s and on.cost.fits
+    assert not _best("maxtext", "ep=8,micro_batch=1").plan.overlap_moe_expert_parallel_comm
