@@ -60,6 +60,8 @@ def fates(plan) -> str:
     host = [n for n, on in (("optimizer", plan.offload_optimizer), ("params", plan.offload_params)) if on]
     if host:
         parts.append("host " + ",".join(host))
+    if plan.overlap_moe_expert_parallel_comm:  # Megatron-Core's expert all-to-all overlap (docs/ep_overlap.md)
+        parts.append("a2a overlap")
     name = plan.remat.name if plan.remat.name != "custom" else ""
     if plan.recompute_num_layers:  # Megatron's --recompute-method block: only the first N layers of a chunk
         name = f"{name} first {plan.recompute_num_layers}/chunk"

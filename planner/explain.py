@@ -450,7 +450,8 @@ def best_remat_for_mesh(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> Plan 
     if r.choice is None:
         return None
     return plan.with_(remat=r.choice.remat, offload_optimizer=r.choice.offload_optimizer,
-                      offload_params=r.choice.offload_params)
+                      offload_params=r.choice.offload_params, recompute_num_layers=r.choice.recompute_num_layers,
+                      overlap_moe_expert_parallel_comm=r.choice.ep_overlap)
 
 
 def what_ifs(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int, base: Cost,
