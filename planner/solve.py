@@ -19,7 +19,7 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from costmodel.cost import NEAR_LIMIT, Cost
+from costmodel.cost import NEAR_LIMIT, Cost, Role
 from costmodel.estimate import estimate, expert_exchange_floor_s, stage_times
 from costmodel.interval import Interval, step_time_interval
 from costmodel.job import Job
@@ -37,7 +37,7 @@ from planner.candidates import (
     explain_no_candidates,
     formable,
 )
-from planner.remat import MeshResult, brute_force, hideable, min_memory_choice, result_key, solve_mesh
+from planner.remat import MeshResult, brute_force, exposed, hideable, min_memory_choice, result_key, solve_mesh
 
 GIB = 2**30
 BRUTE_FORCE_LIMIT = 20_000  # exhaustive mode brute-forces remat choices when meshes x choices is at most this
@@ -118,9 +118,17 @@ def _lb0(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cache: dict) -> float:
     return accum * per_micro + (mesh.pp - 1) / mesh.vpp * per_micro + chip.eff.step_overhead_s
 
 
+def _ep_overlap_possible(job: Job, mesh: Mesh) -> bool:
+    """The expert all-to-all overlap may apply on this mesh (planner.remat.ep_overlap_applies, before the
+    assignment is known)."""
+    return job.fw.ep_overlap and mesh.ep > 1 and (mesh.pp == 1 or mesh.vpp > 1)
+
+
 def _lb_exchange(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh) -> float:
     """The ep all-to-alls every assignment of the mesh pays (costmodel.estimate.expert_exchange_floor_s)."""
     if mesh.ep == 1:  # (before building a Plan: this runs for every candidate mesh)
+        return 0.0
+    if _ep_overlap_possible(job, mesh):  # the overlap may hide them (planner.remat.with_ep_overlap)
         return 0.0
     return expert_exchange_floor_s(m, chip, job, mesh.plan(REMAT_POLICIES["none"]), _accum(job, mesh))
 
@@ -132,9 +140,12 @@ def _min_hbm(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch) -> float:
     return memory_terms(m, chip, job, plan, accum).fit_bytes
 
 
-def _lb1(c0: Cost, optimizer_offload_allowed: bool) -> float:
+def _lb1(c0: Cost, optimizer_offload_allowed: bool, ep_overlap_possible: bool = False) -> float:
+    """LB1: the no-remat estimate less what any assignment can hide (recompute, optimizer offload, and the
+    exposed expert all-to-alls where the overlap may apply: planner.remat.with_ep_overlap)."""
     opt = c0.time.get("optimizer", 0.0) if optimizer_offload_allowed else 0.0
-    return c0.step_time_s - hideable(c0) - opt
+    a2a = exposed(c0, Role.EXPERT_EXCHANGE) if ep_overlap_possible else 0.0
+    return c0.step_time_s - hideable(c0) - opt - a2a
 
 
 def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | None = None, top: int = 5,
@@ -188,7 +199,8 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
             stats.bounded += 1
             stats.estimates += 1
             base[mesh] = c0
-            heapq.heappush(heap, (max(bound, _lb1(c0, mesh_cons.offload_optimizer is not False)), 2, mesh))
+            overlap = _ep_overlap_possible(job, mesh)
+            heapq.heappush(heap, (max(bound, _lb1(c0, mesh_cons.offload_optimizer is not False, overlap)), 2, mesh))
             continue
         if brute:
             r = brute_force(m, chip, job, mesh, cons)
