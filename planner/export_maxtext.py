@@ -57,35 +57,29 @@ def _split_flags(plan) -> tuple[Any, str]:
         f"{'both' if len(on) > 1 else 'it'} -> false")
 
 
-def _block_recompute(plan) -> tuple[Any, str]:
-    """Megatron-Core's block recompute (recompute_num_layers: the first N layers of each chunk recomputed, the
-    rest keeping everything) has no MaxText form (one remat_policy for every layer of the scan): dropped, with a
-    note; the plan recomputes every layer under its policy."""
-    if not plan.recompute_num_layers:
-        return plan, ""
-    return plan.with_(recompute_num_layers=0), (
-        f"recompute_num_layers {plan.recompute_num_layers}: MaxText applies one remat_policy to every layer "
-        "(Megatron-Core's --recompute-method block has no MaxText form); every layer recomputed, it -> 0")
+# Megatron-Core options MaxText has no form of (each dropped with a note): plan field -> (off value, the note's
+# text after "field [value]: "). Block recompute: MaxText applies one remat_policy to every layer of the scan;
+# layer CPU offload: MaxText offloads named tensors of every layer through its remat policy; the all-to-all
+# overlap: MaxText's MoE all-to-alls sit in the layer's own shard_map, in order.
+_MEGATRON_ONLY = {
+    "overlap_moe_expert_parallel_comm": (False, "MaxText has no expert all-to-all overlap across micro-batches "
+                                                "(Megatron-Core's combined 1F1B); it -> false"),
+    "recompute_num_layers": (0, "MaxText applies one remat_policy to every layer (Megatron-Core's --recompute-method "
+                                "block has no MaxText form); every layer recomputed, it -> 0"),
+    "cpu_offload_layers": (0, "MaxText offloads named tensors of every layer (remat_policy custom), not whole layers "
+                              "(Megatron-Core's --cpu-offloading-num-layers); it -> 0"),
+}
 
 
-def _layer_offload(plan) -> tuple[Any, str]:
-    """Megatron-Core's layer CPU offload (cpu_offload_layers: whole layers' saved activations on host) has no
-    MaxText form (MaxText offloads named tensors of every layer through its remat policy): dropped, with a note."""
-    if not plan.cpu_offload_layers:
-        return plan, ""
-    return plan.with_(cpu_offload_layers=0), (
-        f"cpu_offload_layers {plan.cpu_offload_layers}: MaxText offloads named tensors of every layer "
-        "(remat_policy custom), not whole layers (Megatron-Core's --cpu-offloading-num-layers); it -> 0")
-
-
-def _ep_overlap(plan) -> tuple[Any, str]:
-    """MaxText runs no expert all-to-all behind another micro-batch's compute (its MoE layer's all-to-alls sit in
-    the layer's own shard_map, in order): the overlap is dropped with a note."""
-    if not plan.overlap_moe_expert_parallel_comm:
-        return plan, ""
-    return plan.with_(overlap_moe_expert_parallel_comm=False), (
-        "overlap_moe_expert_parallel_comm: MaxText has no expert all-to-all overlap across micro-batches "
-        "(Megatron-Core's combined 1F1B); it -> false")
+def _megatron_only(plan) -> tuple[Any, list[str]]:
+    """The plan without the Megatron-Core options MaxText cannot run (_MEGATRON_ONLY), and a note for each."""
+    notes = []
+    for field, (off, why) in _MEGATRON_ONLY.items():
+        value = getattr(plan, field)
+        if value != off:
+            plan = plan.with_(**{field: off})
+            notes.append(f"{field}{'' if isinstance(value, bool) else f' {value}'}: {why}")
+    return plan, notes
 
 
 def _even_stages(pf: PlanFile, plan) -> tuple[Any, str]:
@@ -138,11 +132,9 @@ def maxtext_plan(pf: PlanFile) -> Adapted:
     """The nearest plan MaxText 0.2.5 can run (and the job under MaxText's state convention)."""
     plan, job, notes = pf.plan, pf.job, []
     plan, why = _split_flags(plan)
-    plan, why_overlap = _ep_overlap(plan)
-    plan, why_block = _block_recompute(plan)
-    plan, why_layers = _layer_offload(plan)
+    plan, dropped = _megatron_only(plan)
     plan, why_even = _even_stages(pf, plan)
-    notes += [n for n in (why, why_overlap, why_block, why_layers, why_even) if n]
+    notes += [n for n in (why, *dropped, why_even) if n]
     if plan.zero == 3 and plan.dp > 1:
         plan = plan.with_(dp=1, fsdp=plan.fsdp * plan.dp, zero=0)
         notes.append(f"zero 3 over dp={pf.plan.dp}: MaxText shards weights over its fsdp axis; "
