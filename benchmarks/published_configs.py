@@ -7,9 +7,12 @@ chips, slices, batch, sequence length, precision and framework (its top plan, ti
 published mesh pinned, which splits the gain into mesh and per-replica choices. Both sides are the same cost model:
 speedup = published / top predicted step time is what the planner claims, not what is true. Checks (issue 29,
 Targets): the top plan is never slower than the published one; speedup <= the case's target (1.2x framework
-authors, 1.35x older configurations); the top plan fits within 95 % of the usable HBM; its MFU is at most 5 points
-above the best measured MFU of the chip family in data/runs (the planner's MFU definition applied to each row's
-measured step time; data/runs holds no reserved source). No measured figure of a case's own source is printed.
+authors, 1.35x older configurations; or, where a case lists the mechanisms that postdate its configuration
+(`explained`, each with its source), the claim left after dividing out their gain on the published plan (the same
+cost model, published plan with and without them) is held to the framework authors' 1.2x); the top plan fits
+within 95 % of the usable HBM; its MFU is at most 5 points above the best measured MFU of the chip family in
+data/runs (the planner's MFU definition applied to each row's measured step time; data/runs holds no reserved
+source). No measured figure of a case's own source is printed.
 --write saves the output to benchmarks/published_configs_report.txt.
 """
 
@@ -41,6 +44,7 @@ RUNS_DIR = ROOT / "data" / "runs"
 AXES = ("dp", "fsdp", "tp", "cp", "pp", "ep")
 FIT_SHARE = 0.95  # issue 29, Targets: default top plans fit within 95 % of the usable HBM
 MFU_MARGIN = 0.05  # issue 29, Targets: predicted MFU at most 5 points above the family's best measured
+EXPLAINED_TARGET = 1.2  # what a listed mechanism leaves of a claim is held to the framework authors' target
 GIB = 2**30
 
 
@@ -195,16 +199,33 @@ def run_case(case: dict, models: dict, tmp: Path, best: dict[str, tuple[float, s
                    top_interval=top.get("step_time_interval_s"))
     if pinned:
         row.update(pinned=short(pinned["plan"]), pinned_step=pinned["step_time_s"])
+    if pub and case.get("explained"):
+        row.update(explained_gain(case, ref, pub["step_time_s"]))
     return {**row, **checks(row)}
+
+
+def explained_gain(case: dict, ref: str, pub_step: float) -> dict:
+    """The part of the claim that the case's listed mechanisms account for: the published plan with every
+    mechanism's plan change applied, priced by the same cost model (must fit), against the published plan."""
+    plan = dict(case["plan"])
+    for item in case["explained"]:
+        plan.update(item["plan"])
+    code, doc, err = planner("estimate", *job_args(case, ref), *plan_args(plan))
+    names = [f"{x['mechanism']} ({x['source']})" for x in case["explained"]]
+    if not doc or not doc.get("fits"):
+        return {"explained": names, "explained_error": err or "does not fit by the model"}
+    return {"explained": names, "explained_plan": short(doc["plan"]), "explained_x": pub_step / doc["step_time_s"]}
 
 
 def checks(row: dict) -> dict:
     """Issue 29's targets for one row; None where a side is missing."""
     have = "pub_step" in row and "top_step" in row
     speedup = row["pub_step"] / row["top_step"] if have else None
+    unexplained = None if speedup is None else speedup / row.get("explained_x", 1.0)
     best = row["best_measured_mfu"]
-    return {"speedup": speedup,
-            "within_target": None if speedup is None else speedup <= row["target"],
+    return {"speedup": speedup, "unexplained": unexplained,
+            "within_target": None if speedup is None else (speedup <= row["target"] or (
+                "explained_x" in row and unexplained <= EXPLAINED_TARGET)),
             "top_slower": None if not have else row["top_step"] > row["pub_step"],
             "fits95": None if "top_mem" not in row else row["top_fits"] and row["top_mem"] <= FIT_SHARE,
             "mfu_above_best": None if best is None or "top_mfu" not in row else row["top_mfu"] > best + MFU_MARGIN,
@@ -262,6 +283,7 @@ def details(row: dict) -> list[str]:
              f"  top:       {row.get('top', 'none: ' + row['top_error'])}{interval(row)}",
              f"  pinned:    {row.get('pinned', 'none: ' + row['pinned_error'])}  (published mesh fixed)"]
     lines += [f"  top plan's extrapolation: {x}" for x in row.get("top_flags") or []]
+    lines += explanation(row)
     if row["pub_error"]:
         lines.append(f"  published plan refused by estimate: {row['pub_error']}")
     lines += [f"  not expressible: {x}" for x in row["not_expressible"]]
@@ -270,13 +292,24 @@ def details(row: dict) -> list[str]:
     return lines
 
 
+def explanation(row: dict) -> list[str]:
+    """The listed mechanisms and the share of the claim they account for (the rest is held to the target)."""
+    if not row.get("explained"):
+        return []
+    lines = [f"  explained by: {x}" for x in row["explained"]]
+    if "explained_x" not in row:
+        return lines + [f"  explained plan refused: {row['explained_error']}"]
+    return lines + [f"  explained: published plan with them ({row['explained_plan']}) x{row['explained_x']:.3f}; "
+                    f"claim left: {row['unexplained']:.3f}x (held to {EXPLAINED_TARGET:.2f}x)"]
+
+
 def summary(rows: list[dict]) -> list[str]:
     """Counts of the targets met, the largest claim and the slowest search."""
     sp = [r for r in rows if r["speedup"] is not None]
     worst = max(sp, key=lambda r: r["speedup"]) if sp else None
     n = len(rows)
     return [f"# {n} cases; speedup = published / top predicted step time (same cost model on both sides)",
-            f"# within target: {sum(1 for r in rows if r['within_target'])}/{n}"
+            f"# within target (after the listed mechanisms): {sum(1 for r in rows if r['within_target'])}/{n}"
             + (f"; largest claim {worst['speedup']:.3f}x ({worst['id']})" if worst else ""),
             f"# top plan slower than published: {sum(1 for r in rows if r['top_slower'])}/{n} ("
             f"{sum(1 for r in rows if r['top_slower'] and not r.get('pub_fits', True))} of them where the published "
@@ -307,6 +340,7 @@ def render(rows: list[dict]) -> str:
               "plan slower than published (*: the published plan does not fit by the model); fit95: top plan within "
               "95 % of usable HBM; best meas: best measured MFU of the chip family in data/runs; >+5pt: top MFU above "
               "it by more than 5 points; flagged: suggest lists an extrapolation for the top plan (-: no such field); "
+              "<=tgt is judged on the claim left after a case's listed mechanisms (details below the table); "
               "pinned x: published / best plan with the published mesh fixed; suggest s, cpu s: the default suggest "
               "call, wall and CPU.\n"
               "# plans: degrees above 1, vpp, mb = micro-batch per replica, z = zero stage over dp, remat policy; "
