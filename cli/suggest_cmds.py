@@ -75,6 +75,9 @@ def degrees(plan) -> str:
         extra.append(f"zero={plan.zero}")
     if plan.slices > 1:
         extra.append(f"slices={plan.slices}")
+    counted = [n for n, on in zip(("emb", "loss"), plan.split_accounting, strict=True) if on]
+    if counted:  # Megatron-Core's --account-for-embedding/loss-in-pipeline-split (docs/pipeline_split.md)
+        extra.append("split=" + "+".join(counted))
     return " ".join([d] + extra)
 
 
@@ -193,6 +196,8 @@ def print_flags(s, console) -> None:
         marks.append(f"*: fits, but inside the {s.headroom * 100:g} % headroom (listed after the others)")
     if any(r.interval and r.interval.best_mfu and r.cost.mfu > r.interval.best_mfu for r in s.plans):
         marks.append("!: MFU above the best measured on this chip family")
+    if any(any(r.plan.split_accounting) for r in s.plans):
+        marks.append("split=emb/loss: Megatron-Core's --account-for-embedding/loss-in-pipeline-split")
     console.print("; ".join(marks))
     for i, r in enumerate(s.plans, 1):
         for note in (r.interval.extrapolations if r.interval else ()):

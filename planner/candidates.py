@@ -3,7 +3,8 @@
 A `Mesh` fixes everything about a plan except the per-tensor remat/offload choices and the optimizer/parameter
 offload (those are the CP-SAT program's decisions, planner/remat.py). The rules, all checked here: the degrees
 multiply to the chips; tp, cp, ep and pp * vpp divide what they split (unevenly where the framework can:
-Framework.uneven_pp); cp leaves at least MIN_TOKENS_PER_CP_RANK tokens per rank; the batch splits dp * fsdp * ep
+Framework.uneven_pp; under Megatron-Core also with the embedding and/or the loss counted as a layer:
+split_settings); cp leaves at least MIN_TOKENS_PER_CP_RANK tokens per rank; the batch splits dp * fsdp * ep
 ways into micro-batches; tp and cp stay inside the fastest level (GPUs: the NVLink domain; TPUs: only dp, pp and
 fsdp span slices); zero in {0, 1} (2 when pinned by --fix); sequence parallelism on; and whatever else
 costmodel.constraints.check_plan refuses (the framework's own rules). The list in full: docs/costmodel.md,
@@ -57,6 +58,9 @@ class Mesh:
     micro_batch: int
     zero: int
     slices: int
+    # (1 if the embedding, 1 if the loss) counts as a layer of the pipeline split: Megatron-Core's
+    # --account-for-embedding/loss-in-pipeline-split (Plan.split_accounting; split_settings)
+    split: tuple[int, int] = (0, 0)
 
     def plan(self, remat: Remat | None = None, offload_optimizer: bool = False,
              offload_params: bool = False, recompute_num_layers: int = 0, ep_overlap: bool = False) -> Plan:
@@ -64,7 +68,15 @@ class Mesh:
                     micro_batch=self.micro_batch, zero=self.zero, sequence_parallel=True,
                     remat=remat or REMAT_POLICIES["full"], offload_optimizer=offload_optimizer,
                     offload_params=offload_params, slices=self.slices, recompute_num_layers=recompute_num_layers,
-                    overlap_moe_expert_parallel_comm=ep_overlap)
+                    overlap_moe_expert_parallel_comm=ep_overlap,
+                    account_for_embedding_in_pipeline_split=bool(self.split[0]),
+                    account_for_loss_in_pipeline_split=bool(self.split[1]))
+
+    @property
+    def layout(self) -> Mesh:
+        """This mesh without its split flags: `search` keeps one plan per layout (the flags the cost model
+        prefers)."""
+        return replace(self, split=(0, 0))
 
     @property
     def batch_shards(self) -> int:
@@ -265,11 +277,25 @@ def in_node(n: int, node: int, chips: int) -> bool:
     return not node or node % n == 0 or (chips < node and chips % n == 0)
 
 
+# (embedding, loss) counted as a layer of the pipeline split (Plan.split_accounting), besides (0, 0)
+SPLIT_SETTINGS = ((1, 0), (0, 1), (1, 1))
+
+
+def split_settings(m: ModelSpec, job: Job, pp: int, vpp: int) -> tuple[tuple[int, int], ...]:
+    """The ways the layers go onto pp stages of vpp chunks, as (embedding, loss) flags: (0, 0) for an even split or,
+    where the framework can (Framework.uneven_pp), Megatron-LM's uneven one; under Megatron-Core (pp > 1) also each
+    of its account-for-embedding/loss settings that Megatron's checks accept (costmodel.plan.split_accounted).
+    Llama 3 405B (126 layers) over pp 8 x vpp 8: only (1, 1), 15/16/15; over 16 x 2: (0, 0) 8/8/6 and (1, 1) 7/8/7."""
+    even = m.n_layers % (pp * vpp) == 0
+    out = [(0, 0)] if even or (job.fw.uneven_pp and pipeline_split(m.n_layers, pp, vpp) is not None) else []
+    if job.fw.megatron_core and pp > 1:
+        out += [s for s in SPLIT_SETTINGS if pipeline_split(m.n_layers, pp, vpp, *s) is not None]
+    return tuple(out)
+
+
 def splits(m: ModelSpec, job: Job, pp: int, vpp: int) -> bool:
-    """Whether the layers go onto pp stages of vpp chunks: evenly, or unevenly where the framework can."""
-    if m.n_layers % (pp * vpp) == 0:
-        return True
-    return job.fw.uneven_pp and pipeline_split(m.n_layers, pp, vpp) is not None
+    """Whether the layers go onto pp stages of vpp chunks in some way the framework runs (split_settings)."""
+    return bool(split_settings(m, job, pp, vpp))
 
 
 def axis_options(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints) -> dict[str, list[int]]:
@@ -332,7 +358,8 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
             return
     per_replica = job.global_batch // shards
     zeros = ([0, 1] + ([2] if fx.get("zero") == 2 else [])) if dp > 1 else [0]  # ZeRO-2 when pinned
-    vpps = [1] + ([v for v in (2, 4, 8, 16, 32) if v <= MAX_VPP and splits(m, job, pp, v)] if pp > 1 else [])
+    vpps = [1] + ([v for v in (2, 4, 8, 16, 32) if v <= MAX_VPP] if pp > 1 else [])
+    settings = {v: split_settings(m, job, pp, v) for v in vpps}
     for mb in divisors(per_replica):
         if fx.get("micro_batch", mb) != mb:
             continue
@@ -340,10 +367,10 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
         for vpp in vpps:
             if fx.get("vpp", vpp) != vpp or (vpp > 1 and accum % pp):
                 continue
-            for zero in zeros:
+            for zero, split in itertools.product(zeros, settings[vpp]):
                 if fx.get("zero", zero) != zero:
                     continue
-                mesh = Mesh(dp, fsdp, tp, cp, pp, ep, vpp, mb, zero, slices)
+                mesh = Mesh(dp, fsdp, tp, cp, pp, ep, vpp, mb, zero, slices, split)
                 try:  # the cost model's own rules, framework rules included (e.g. MaxText: zero 1 needs fsdp = 1)
                     check_plan(m, chip, job, mesh.plan())
                 except InputError:

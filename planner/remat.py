@@ -371,8 +371,9 @@ def evaluate(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, ch: Choice) -> Cost
 
 def group_key(mesh: Mesh) -> tuple:
     """Meshes that differ only in how the batch shards split between dp and fsdp, and in zero, share everything
-    the remat/offload choices touch: tokens per chip, grad_accum, tensor-parallel links, the pipeline."""
-    return (mesh.tp, mesh.cp, mesh.pp, mesh.ep, mesh.vpp, mesh.micro_batch, mesh.slices)
+    the remat/offload choices touch: tokens per chip, grad_accum, tensor-parallel links, the pipeline (its split
+    flags included)."""
+    return (mesh.tp, mesh.cp, mesh.pp, mesh.ep, mesh.vpp, mesh.micro_batch, mesh.slices, mesh.split)
 
 
 class _Prober:

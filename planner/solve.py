@@ -9,7 +9,8 @@ exactly (planner/remat.py: CP-SAT over the probed surrogate, verified with estim
 next bound exceeds the K-th best verified step time, so the result equals what evaluating every mesh would give
 (`exhaustive=True` does that, without pruning, to check it).
 Order of plans (and ties): step time, then peak memory, then the canonical mesh tuple (dp, fsdp, tp, cp, pp,
-ep, vpp, micro_batch, zero, slices), then the remat/offload choice. One plan per mesh in the top K.
+ep, vpp, micro_batch, zero, slices, split flags), then the remat/offload choice. One plan per layout in the top K
+(a mesh with its best pipeline-split flags: _keep).
 (details: docs/search.md, 'Lower bounds and pruning')
 """
 
@@ -23,7 +24,7 @@ from costmodel.cost import NEAR_LIMIT, Cost, Role
 from costmodel.estimate import estimate, expert_exchange_floor_s, stage_times
 from costmodel.interval import Interval, step_time_interval
 from costmodel.job import Job
-from costmodel.memory import memory_terms
+from costmodel.memory import memory_terms, stage_kinds
 from costmodel.model import ModelSpec
 from costmodel.plan import REMAT_POLICIES, Plan
 from hardware.chip import Chip
@@ -108,8 +109,17 @@ def _accum(job: Job, mesh: Mesh) -> int:
     return job.global_batch // (mesh.batch_shards * mesh.micro_batch)
 
 
+def _stages_key(m: ModelSpec, mesh: Mesh, cache: dict) -> tuple:
+    """What the busiest stage's times depend on besides tp, cp and the micro-batch: each stage's (dense, MoE, logits)
+    layers (costmodel.memory.stage_kinds), which pp, vpp and the split flags set (memoised in `cache`)."""
+    key = ("stages", mesh.pp, mesh.vpp, mesh.split)
+    if key not in cache:
+        cache[key] = (mesh.pp, tuple(stage_kinds(m, mesh.plan())))
+    return cache[key]
+
+
 def _lb0(m: ModelSpec, chip: Chip, job: Job, mesh: Mesh, cache: dict) -> float:
-    key = (mesh.tp, mesh.cp, mesh.pp, mesh.micro_batch)
+    key = (mesh.tp, mesh.cp, mesh.micro_batch, _stages_key(m, mesh, cache))
     if key not in cache:
         st = stage_times(m, chip, job, mesh.plan(REMAT_POLICIES["none"]))
         cache[key] = st.fwd + st.bwd + st.elementwise
@@ -212,14 +222,25 @@ def search(m: ModelSpec, chip: Chip, job: Job, chips: int, cons: Constraints | N
         if r.cost is None:
             stats.infeasible += 1
             continue
-        res = PlanResult(r.choice.plan(mesh), r.cost, mesh)
-        best.append(res)
-        best.sort(key=PlanResult.key)
-        del best[top:]
+        _keep(best, PlanResult(r.choice.plan(mesh), r.cost, mesh), top)
     out.plans = best
     if not best and explain:
         out.infeasible = explain_infeasible(m, chip, job, chips, cons, lowest[0], lowest[1])
     return out
+
+
+def _keep(best: list[PlanResult], res: PlanResult, top: int) -> None:
+    """Add `res` to the sorted top list, one plan per layout (Mesh.layout: a mesh and its split-flag variants
+    keep the best of them). Exact under the search's pruning: a variant not yet solved has a bound above the
+    top-th plan, so it could only replace a sibling that is faster than it."""
+    twin = next((i for i, r in enumerate(best) if r.mesh.layout == res.mesh.layout), None)
+    if twin is not None:
+        if best[twin].key() <= res.key():
+            return
+        del best[twin]
+    best.append(res)
+    best.sort(key=PlanResult.key)
+    del best[top:]
 
 
 RANKINGS = ("conservative", "expected")
