@@ -142,3 +142,18 @@ def test_maxtext_never_gets_the_flags():
     assert not any(p["plan"].get(f) for p in out["plans"] for f in SPLIT_FLAGS)
     job = Job(4096, 256)
     assert all(x.split == (0, 0) for x in candidates(L405, V5P, job, 256))
+
+
+def test_saved_plan_exports_the_flags_to_megatron(tmp_path):
+    """suggest --save keeps the flags; export --format megatron writes them (no uneven-split arguments)."""
+    plan = tmp_path / "p.yaml"
+    p = subprocess.run([PLANNER, "suggest", "-m", "llama3-405b", "-n", "8192", "-H", "h100-sxm", "--fix",
+                        "pp=8,vpp=8", "-k", "1", "--save", str(plan)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    e = subprocess.run([PLANNER, "export", "--plan", str(plan), "--format", "megatron"], capture_output=True,
+                       text=True)
+    assert e.returncode == 0, e.stderr
+    args = e.stdout.split()
+    assert "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
+    assert args[args.index("--num-virtual-stages-per-pipeline-rank") + 1] == "8"
+    assert not any(a.startswith("--decoder-first-pipeline-num-layers") for a in args)
