@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from costmodel.calibrate import family  # noqa: E402
 from costmodel.flops import model_flops_per_token  # noqa: E402
+from costmodel.plan import SPLIT_FLAGS  # noqa: E402
 from costmodel.published import load_cases  # noqa: E402
 from hardware.catalog import load_hardware  # noqa: E402
 from hardware.errors import InputError  # noqa: E402
@@ -101,6 +102,7 @@ def plan_args(plan: dict) -> list[str]:
     for item in plan.get("offload", []):
         args += ["--offload", item]
     args += ["--overlap-moe-expert-parallel-comm"] if plan.get("overlap_moe_expert_parallel_comm") else []
+    args += [f"--{flag.replace('_', '-')}" for flag in SPLIT_FLAGS if plan.get(flag)]
     return args + ([] if plan.get("sequence_parallel", True) else ["--no-sequence-parallel"])
 
 
@@ -123,6 +125,8 @@ def short(plan: dict) -> str:
     parts += ["+opt"] if plan.get("offload_optimizer") else []
     parts += ["+par"] if plan.get("offload_params") else []
     parts += ["+a2a-overlap"] if plan.get("overlap_moe_expert_parallel_comm") else []
+    split = "+".join(name for name, flag in zip(("emb", "loss"), SPLIT_FLAGS, strict=True) if plan.get(flag))
+    parts += [f"split={split}"] if split else []
     return " ".join(parts)
 
 
