@@ -1,0 +1,21 @@
+"""planner.explain's 'planner's remat on the same mesh' keeps the plan's pipeline-split flags (Megatron-Core's
+--account-for-embedding/loss-in-pipeline-split): 126 layers over pp 8 x vpp 8 split only with both flags."""
+
+from __future__ import annotations
+
+from costmodel.catalog import load_model
+from costmodel.job import Job
+from costmodel.plan import Plan, plan_split
+from hardware.catalog import load_hardware
+from planner.explain import best_remat_for_mesh
+
+
+def test_best_remat_for_a_flagged_mesh_keeps_the_split():
+    m, chip = load_model("llama3-405b"), load_hardware("h100-sxm")
+    job = Job(8192, 1024, framework="megatron")
+    plan = Plan(dp=16, tp=8, pp=8, vpp=8, micro_batch=1, zero=1, account_for_embedding_in_pipeline_split=True,
+                account_for_loss_in_pipeline_split=True)
+    assert plan_split(m.n_layers, plan) == (15, 16, 15)  # (126 + 2) / 8 = 16 per rank, end ranks one fewer
+    best = best_remat_for_mesh(m, chip, job, plan)
+    assert best is not None  # without the flags pp 8 x vpp 8 has no split, and nothing was solved
+    assert best.split_accounting == (1, 1) and plan_split(m.n_layers, best) == (15, 16, 15)
