@@ -71,6 +71,10 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "cpu_offload_layers": (
         ("--cpu-offloading-num-layers",), int, "N", "Megatron-Core: keep the saved activations of the first N "
         "layers in host memory between their forward and backward (with --remat none and --pp 1)."),
+    "fp8_param_gather": (
+        ("--fp8-param-gather",), bool, "", "Megatron-Core: keep the GEMM weights in fp8 (Transformer Engine "
+        "Float8Tensors, fp32 main weights in the distributed optimizer) and all-gather them in fp8 (with --precision "
+        "fp8 and --zero 1-3)."),
     "precision": (("--precision",), str, "NAME", "Matmul precision: bf16, fp8 or int8."),
     "framework": (("--framework",), str, "NAME", "State and collective conventions: maxtext, megatron, pytorch-fsdp "
                   "or deepspeed."),

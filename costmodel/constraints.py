@@ -8,6 +8,7 @@ from costmodel.model import ModelSpec
 from costmodel.plan import (
     CPU_OFFLOAD_LAYERS,
     EP_OVERLAP,
+    FP8_PARAMS,
     RECOMPUTE_LAYERS,
     REMAT_POLICIES,
     SPLIT_FLAGS,
@@ -40,6 +41,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
         raise InputError(f"vpp: virtual stages ({plan.vpp}) need pp > 1")
     check_recompute_layers(m, job, plan)
     check_cpu_offload_layers(m, job, plan)
+    check_fp8_params(job, plan)
     if job.seq_len % plan.cp:
         raise InputError(f"cp: seq_len {job.seq_len} is not divisible by cp {plan.cp}")
     if plan.ep > 1 and not m.is_moe:
@@ -118,6 +120,37 @@ def check_cpu_offload_layers(m: ModelSpec, job: Job, plan: Plan) -> None:
     if n >= m.n_layers:
         raise InputError(f"{flag}: expected 1 to {m.n_layers - 1} (fewer than the model's {m.n_layers} layers), "
                          f"got {n}")
+
+
+def check_fp8_params(job: Job, plan: Plan) -> None:
+    """Megatron-LM's --fp8-param-gather (Plan.fp8_param_gather): only under a framework that runs it
+    (Framework.fp8_param_gather), with fp8 compute (TransformerConfig.__post_init__: 'fp8_param must be used together
+    with fp8 mode.'), and with the parameters sharded over the data-parallel ranks, a distributed optimizer
+    (zero 1-2) or FSDP (zero 3, fsdp > 1) (arguments.py: '--fp8-param-gather only supported with distributed
+    optimizer, torch fsdp2, megatron fsdp, or inference mode')."""
+    if not plan.fp8_param_gather:
+        return
+    flag = f"{FP8_PARAMS} (--fp8-param-gather)"
+    require_framework(job, "fp8_param_gather", f"{flag}: Megatron-Core's fp8 parameters")
+    if job.precision != "fp8":
+        raise InputError(f"{flag}: keeps the weights in fp8 for fp8 matmuls (Megatron-Core: 'fp8_param must be used "
+                         f"together with fp8 mode'); expected --precision fp8, got {job.precision}")
+    if plan.zero == 0 and plan.fsdp == 1:
+        raise InputError(f"{flag}: Megatron-LM runs it only with the distributed optimizer or FSDP; expected zero "
+                         f"1, 2 or 3 (or fsdp > 1), got zero 0")
+    if plan.offload_params:
+        raise InputError(f"{flag}: the fp8 weights live on the GPU; expected no parameter offload "
+                         "(--offload without params)")
+
+
+def fp8_params_allowed(job: Job, plan: Plan) -> bool:
+    """check_fp8_params accepts --fp8-param-gather on this plan. `suggest` turns it on wherever it does: it keeps
+    the GEMM weights in 2 B instead of 4 B and gathers them in 1 B, at no cost the model knows (docs/fp8_params.md)."""
+    try:
+        check_fp8_params(job, plan.with_(fp8_param_gather=True))
+    except InputError:
+        return False
+    return True
 
 
 def check_ep_overlap(m: ModelSpec, job: Job, plan: Plan) -> None:

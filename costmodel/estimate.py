@@ -24,9 +24,16 @@ from costmodel.flops import (
     model_flops_per_token,
     tp_replicated_flops_per_token,
 )
-from costmodel.framework import NEXT_FORWARD, WITH_GRADS
+from costmodel.framework import NEXT_FORWARD, SPMD, WITH_GRADS
 from costmodel.job import Job
-from costmodel.memory import MemoryTerms, StepShape, memory_terms, step_shape, weight_shard_degrees
+from costmodel.memory import (
+    MemoryTerms,
+    StepShape,
+    memory_terms,
+    param_counts_per_chip,
+    step_shape,
+    weight_shard_degrees,
+)
 from costmodel.model import ModelSpec
 from costmodel.plan import AXIS_ORDER_INNER_TO_OUTER, Plan, cpu_offload_windows, plan_split, recomputed_share
 from hardware.chip import Chip
@@ -34,6 +41,11 @@ from hardware.errors import InputError
 from hardware.topology import AxisLink, collective_time, lay_out
 
 BF16 = 2  # bytes per activation / gathered-weight element
+# bytes per gathered fp8 weight element under --fp8-param-gather (Plan.fp8_param_gather): Megatron-Core keeps the
+# fp8 parameters in a uint8 buffer (distributed/param_and_grad_buffer.py group_params_for_buffers: param_dtype
+# torch.uint8), which its distributed optimizer and FSDP all-gather (arguments.py: 'perform the param all-gather
+# in fp8'); the embedding tables, norms and biases stay in a bf16 buffer (docs/fp8_params.md)
+FP8 = 1
 
 
 # ---- layout -----------------------------------------------------------------------------------------------
@@ -372,10 +384,11 @@ def weight_shard_collectives(c: Step, st: StageTimes, mem: MemoryTerms) -> list[
     else:
         e_elems = mem.layer_expert_elems if math.prod(lk.size for lk in elinks) > 1 else 0.0
         parts = ((wlinks, mem.layer_weight_elems - mem.layer_expert_elems), (elinks, e_elems))
-    wbytes = sum(n for _, n in parts) * BF16
+    wb = FP8 if plan.fp8_param_gather else BF16  # the layers' (GEMM) weights; the output table below stays bf16
+    wbytes = sum(n for _, n in parts) * wb
     gbytes = sum(n for _, n in parts) * mem.grad_reduce_bytes
     flat = job.fw.flat_weight_collectives
-    t_ag = sum(group_time(lks, "all-gather", n * BF16, chip, flat) for lks, n in parts if n)
+    t_ag = sum(group_time(lks, "all-gather", n * wb, chip, flat) for lks, n in parts if n)
     t_rs = sum(group_time(lks, "reduce-scatter", n * mem.grad_reduce_bytes, chip, flat) for lks, n in parts if n)
     exp_f = max(0.0, t_ag - ov * st.layer_fwd)
     exp_b = max(0.0, t_ag + t_rs - ov * (st.layer_bwd + st.recompute / s.layers))
@@ -438,6 +451,34 @@ def distributed_optimizer_sync(c: Step, st: StageTimes, gbytes: float, pbytes: f
                   max(0.0, t_ag - hidden_ag), link.level)]
 
 
+def param_gather_bytes(c: Step, elems: float, tables: float) -> float:
+    """Bytes of `elems` parameters all-gathered after the update, `tables` of them embedding-table elements: bf16,
+    or under --fp8-param-gather the GEMM weights in fp8 (FP8) and the tables in bf16."""
+    return (elems - tables) * FP8 + tables * BF16 if c.plan.fp8_param_gather else elems * BF16
+
+
+def table_elems(c: Step) -> float:
+    """Embedding-table parameters stored on this chip (costmodel.memory.param_counts_per_chip, weight-sharded)."""
+    emb = param_counts_per_chip(c.m, c.plan, c.job.fw.pipeline == SPMD, c.shape)[2]
+    return emb / math.prod(c.shape.wdegrees.values())
+
+
+def fp8_sync_with_grads(c: Step, st: StageTimes, gbytes: float, ratio: float, experts: bool) -> list[Collective]:
+    """A WITH_GRADS distributed optimizer (Megatron) under --fp8-param-gather. WITH_GRADS costs the sync as one
+    all-reduce of the gradient bytes, i.e. a reduce-scatter and an all-gather of as many bytes; fp8 parameters
+    shrink the all-gather by `ratio` (its fp8 bytes over the bf16 ones, param_gather_bytes), the two still hidden
+    together behind the last micro-step's backward."""
+    chip, link, ov = c.chip, c.links["dp"], c.chip.eff.overlap
+    t_rs = collective_time(link, "reduce-scatter", gbytes, chip.eff.link, chip.eff.net)
+    t_ag = collective_time(link, "all-gather", gbytes * ratio, chip.eff.link, chip.eff.net)
+    exposed = max(0.0, t_rs + t_ag - ov * st.bwd)
+    what = "expert " if experts else ""
+    return [_coll(Role.GRAD_REDUCE, "dp", "reduce-scatter", f"{what}grads", 1, gbytes, t_rs,
+                  exposed * t_rs / (t_rs + t_ag) if t_rs + t_ag else 0.0, link.level),
+            _coll(Role.GRAD_REDUCE, "dp", "all-gather", f"updated {what}fp8 parameters", 1, gbytes * ratio, t_ag,
+                  exposed * t_ag / (t_rs + t_ag) if t_rs + t_ag else 0.0, link.level)]
+
+
 def gradient_reductions(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective]:
     """Data parallel (replicated weights): one gradient all-reduce per step (reduce-scatter + all-gather under
     ZeRO-1/2, the same ring traffic), overlapped with the last micro-step's backward.
@@ -457,8 +498,13 @@ def gradient_reductions(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Colle
     out: list[Collective] = []
     if dp_reduces:
         elems = mem.grad_elems_for_reduce - shared - pp_tables
+        # the embedding tables among them (under moe_ep they go with the non-expert weights below)
+        tables = 0.0 if moe_ep or not plan.fp8_param_gather else table_elems(c) - pp_tables
+        pbytes = param_gather_bytes(c, elems, tables)
         if 1 <= plan.zero <= 2 and job.fw.param_gather != WITH_GRADS:
-            out += distributed_optimizer_sync(c, st, elems * mem.grad_reduce_bytes, elems * BF16, moe_ep)
+            out += distributed_optimizer_sync(c, st, elems * mem.grad_reduce_bytes, pbytes, moe_ep)
+        elif 1 <= plan.zero <= 2 and plan.fp8_param_gather and elems > 0:
+            out += fp8_sync_with_grads(c, st, elems * mem.grad_reduce_bytes, pbytes / (elems * BF16), moe_ep)
         else:
             gbytes = elems * mem.grad_reduce_bytes
             t = collective_time(links["dp"], "all-reduce", gbytes, chip.eff.link, chip.eff.net)

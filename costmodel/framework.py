@@ -67,6 +67,12 @@ class Framework:
     # --recompute-method block --recompute-num-layers N: megatron/core/recompute.py checkpointed_forward)
     layer_cpu_offload: bool = False  # the saved activations of N whole layers on host (Megatron-Core's
     # --cpu-offloading-num-layers: TransformerBlock's Transformer Engine cpu offload context)
+    # ---- fp8 (Transformer Engine; te_weight_bytes)
+    fp8_weight_cache: bool = False  # under fp8 compute each GEMM weight's fp8 copies (rowwise and columnwise) stay
+    # cached across micro-batches and steps: Megatron-Core passes TE is_first_microbatch (TELinear.forward), TE
+    # keeps the copy in _fp8_workspaces (transformer_engine/pytorch/module/linear.py Linear.forward, base.py
+    # quantize_weight)
+    fp8_param_gather: bool = False  # GEMM weights can be stored as fp8 (--fp8-param-gather: Plan.fp8_param_gather)
     # ---- mixture of experts
     dropless_worst_case: bool = False  # dropless routing sizes expert buffers for the worst case under ep
     dispatch_sp_shards: bool = True  # the all-to-all sends the sequence-parallel shards (1/tp of the tokens)
@@ -118,7 +124,7 @@ MEGATRON = Framework(
     # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
     "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
     optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True,
-    block_recompute=True, layer_cpu_offload=True)
+    block_recompute=True, layer_cpu_offload=True, fp8_weight_cache=True, fp8_param_gather=True)
 PYTORCH_FSDP = Framework(
     # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
     "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)
@@ -135,6 +141,29 @@ DEEPSPEED = Framework(
 NEMO = replace(MEGATRON, name="nemo", display="NeMo", param_gather=NEXT_FORWARD)
 # AFTER_STEP (nanotron's ZeRO-1, optim/zero.py: a blocking all_gather_coalesced after the step) is costed but no
 # record uses it: it did not improve the out-of-source figure (docs/h100_residuals.md, 'Implemented').
+
+# Transformer Engine's fp8 weights (docs/fp8_params.md). A Float8Tensor holds 1 B per element (_data). A GEMM weight
+# needs it rowwise for the forward and columnwise for the backward's dgrad: on Hopper (no non-TN fp8 GEMM:
+# transformer_engine/pytorch/utils.py is_non_tn_fp8_gemm_supported is False below sm 10.0) the columnwise copy is
+# a separate transpose (float8_tensor_storage.py Float8TensorStorage.update_usage -> _create_transpose, kept as
+# _transpose); under MXFP8 (Blackwell) separate columnwise data (+1/32 B of scales each, not counted). Per-tensor
+# scaling on Blackwell reuses _data (1 copy): not modelled, the profiles carry no GPU generation.
+FP8_COPIES = 2  # bytes per GEMM weight element of its fp8 copies (rowwise + columnwise, 1 B each)
+
+
+def te_weight_bytes(fw: Framework, precision: str, fp8_params: bool, stored: int) -> int:
+    """Device bytes per Transformer Engine GEMM weight element (stored: the layout's weight bytes, StateBytes)."""
+    if precision != "fp8" or not fw.fp8_weight_cache:
+        return stored
+    if fp8_params:
+        # --fp8-param-gather: the weight is the Float8Tensor (1 B, a uint8 buffer: Megatron-Core param_and_grad_buffer
+        # group_params_for_buffers), its transpose kept beside it (fp8_utils.quantize_param_shard:
+        # manual_post_all_gather_processing keeps the columnwise data); no bf16 copy
+        return FP8_COPIES
+    # bf16 weight plus the cached fp8 workspace (linear.py: cache_name 'weight' whenever is_first_microbatch is
+    # not None; Megatron-Core sets it unless --disable-parameter-transpose-cache)
+    return stored + FP8_COPIES
+
 
 REGISTRY: dict[str, Framework] = {f.name: f for f in (MAXTEXT, MEGATRON, PYTORCH_FSDP, DEEPSPEED, NEMO)}
 

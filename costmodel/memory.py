@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from costmodel.framework import SPMD, Framework, StateBytes
+from costmodel.framework import SPMD, Framework, StateBytes, te_weight_bytes
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import (
@@ -450,7 +450,10 @@ def state_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape) -> StateTerms:
     params = (body - experts + emb) / weight_shards + experts / expert_shards
     opt_params = params / (plan.dp if 1 <= plan.zero < 3 else 1)
     grad_params = params / (plan.dp if plan.zero == 2 else 1)
-    weights = 0.0 if plan.offload_params else params * w_b
+    # under fp8 the layer (GEMM) weights, all but the embedding tables, carry Transformer Engine's fp8 copies
+    # (te_weight_bytes; the norms and routers among them, which TE keeps in bf16, are < 0.1 % of a layer)
+    gemm_b = te_weight_bytes(fw, job.precision, plan.fp8_param_gather, w_b)
+    weights = 0.0 if plan.offload_params else params * w_b + (params - emb / weight_shards) * (gemm_b - w_b)
     # bf16 copy of the weights for compute: streamed in when offloaded; under MaxText's fp32 weight_dtype the
     # step casts the whole (sharded) parameter tree to bf16 once and keeps it (seen in XLA's temp allocation).
     weights_working = params * BF16 if (plan.offload_params or (fw.bf16_weight_copy and w_b > BF16)) else 0.0

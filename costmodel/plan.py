@@ -24,6 +24,10 @@ RECOMPUTE_LAYERS = "recompute_num_layers"
 # of the first N layers go to host memory after their forward and come back before their backward
 # (costmodel.plan.cpu_offload_windows; docs/cpu_offload_layers.md)
 CPU_OFFLOAD_LAYERS = "cpu_offload_layers"
+# Megatron-LM's --fp8-param-gather (Megatron-Core TransformerConfig.fp8_param, DistributedDataParallelConfig.
+# fp8_param_gather; NeMo's fp8_params): the GEMM weights are Transformer Engine Float8Tensors instead of bf16, the
+# fp32 main parameters stay in the distributed optimizer, and the parameter all-gather carries fp8 (docs/fp8_params.md)
+FP8_PARAMS = "fp8_param_gather"
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
 AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
@@ -161,6 +165,8 @@ class Plan:
     # Megatron-Core layer CPU offload: the saved activations of N of the stage's layers on host (CPU_OFFLOAD_LAYERS);
     # 0: off
     cpu_offload_layers: int = 0
+    # Megatron-Core fp8 parameters (FP8_PARAMS): GEMM weights stored and all-gathered in fp8 (precision fp8 only)
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         for name in (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles"):
@@ -176,7 +182,7 @@ class Plan:
         n = self.cpu_offload_layers
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise InputError(f"plan field {CPU_OFFLOAD_LAYERS!r}: expected a non-negative integer (0: off), got {n!r}")
-        for name in (*SPLIT_FLAGS, EP_OVERLAP):
+        for name in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"plan field {name!r}: expected true or false, got {getattr(self, name)!r}")
 

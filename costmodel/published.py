@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.constraints import check_split_flags
+from costmodel.constraints import check_fp8_params, check_split_flags
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import SPLIT_FLAGS, Plan, parse_remat
@@ -51,6 +51,9 @@ MAX_COUNT = 2**40  # any count column (a dimension, degree, length, batch); Job'
 MAX_TABLE_ROWS = 5_000  # ~5 s of estimates (1 ms a row); runs_dev.csv has 248 rows
 # Optional column pipeline_split -> the Megatron-Core flags the run set (RUNS_SCHEMA.md; blank or no column: none).
 PIPELINE_SPLIT = {"": (), "embedding": SPLIT_FLAGS[:1], "loss": SPLIT_FLAGS[1:], "embedding+loss": SPLIT_FLAGS}
+# Optional column fp8_param_gather: true where the run kept its GEMM weights in fp8 (Megatron-LM --fp8-param-gather,
+# NeMo fp8_params; NVIDIA's MLPerf FP8_PARAMS=True) -> Plan.fp8_param_gather (RUNS_SCHEMA.md; blank or no column: off).
+FP8_PARAMS_VALUES = {"": False, "false": False, "true": True}
 REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size",
             "seq_len", "hardware", "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch")
 
@@ -140,6 +143,14 @@ def _pipeline_split(row: dict[str, str]) -> dict[str, bool]:
     return dict.fromkeys(PIPELINE_SPLIT[v], True)
 
 
+def _fp8_params(row: dict[str, str]) -> bool:
+    """The optional `fp8_param_gather` column: whether the run kept its GEMM weights in fp8 (Plan.fp8_param_gather)."""
+    v = (row.get("fp8_param_gather") or "").strip().lower()
+    if v not in FP8_PARAMS_VALUES:
+        raise InputError(f"fp8_param_gather: expected empty, true or false, got {excerpt(v)}")
+    return FP8_PARAMS_VALUES[v]
+
+
 def _remat(row: dict[str, str]) -> str:
     name = (row.get("remat") or "").strip() or "full"
     if name != "custom":
@@ -199,11 +210,15 @@ def row_to_case(row: dict[str, str]) -> Case:
     sp = deg["tp"] > 1 and not (row.get("source") or "").startswith("narayanan2021")
     plan = Plan(**deg, vpp=_int(row, "vpp", 1) or 1, micro_batch=max(1, micro), zero=zero, sequence_parallel=sp,
                 remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1, vocab_tiles=_vocab_tiles(row),
-                **_pipeline_split(row))
+                fp8_param_gather=_fp8_params(row), **_pipeline_split(row))
     try:
         check_split_flags(model, job, plan)  # the flags only where Megatron-Core accepts them (framework, pp, split)
     except InputError as e:
         raise InputError(f"pipeline_split {excerpt(row['pipeline_split'].strip())}: {e}") from None
+    try:
+        check_fp8_params(job, plan)  # only where Megatron accepts it (framework, fp8, distributed optimizer)
+    except InputError as e:
+        raise InputError(f"fp8_param_gather: {e}") from None
     measured = _num(row, "measured_step_time_s")
     if measured is None or measured <= 0:
         raise InputError(f"measured_step_time_s: expected a positive number of seconds, got "

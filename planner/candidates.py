@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from costmodel.constraints import check_plan
+from costmodel.constraints import check_plan, fp8_params_allowed
 from costmodel.estimate import dcn_split
 from costmodel.job import Job
 from costmodel.model import ModelSpec
@@ -61,6 +61,7 @@ class Mesh:
     # (1 if the embedding, 1 if the loss) counts as a layer of the pipeline split: Megatron-Core's
     # --account-for-embedding/loss-in-pipeline-split (Plan.split_accounting; split_settings)
     split: tuple[int, int] = (0, 0)
+    fp8_params: bool = False  # Megatron-Core's --fp8-param-gather, on wherever it is allowed (fp8_params_allowed)
 
     def plan(self, remat: Remat | None = None, offload_optimizer: bool = False,
              offload_params: bool = False, recompute_num_layers: int = 0, ep_overlap: bool = False) -> Plan:
@@ -70,7 +71,7 @@ class Mesh:
                     offload_params=offload_params, slices=self.slices, recompute_num_layers=recompute_num_layers,
                     overlap_moe_expert_parallel_comm=ep_overlap,
                     account_for_embedding_in_pipeline_split=bool(self.split[0]),
-                    account_for_loss_in_pipeline_split=bool(self.split[1]))
+                    account_for_loss_in_pipeline_split=bool(self.split[1]), fp8_param_gather=self.fp8_params)
 
     @property
     def layout(self) -> Mesh:
@@ -371,6 +372,7 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
                 if fx.get("zero", zero) != zero:
                     continue
                 mesh = Mesh(dp, fsdp, tp, cp, pp, ep, vpp, mb, zero, slices, split)
+                mesh = replace(mesh, fp8_params=fp8_params_allowed(job, mesh.plan()))
                 try:  # the cost model's own rules, framework rules included (e.g. MaxText: zero 1 needs fsdp = 1)
                     check_plan(m, chip, job, mesh.plan())
                 except InputError:

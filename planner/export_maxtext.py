@@ -68,6 +68,8 @@ _MEGATRON_ONLY = {
                                 "block has no MaxText form); every layer recomputed, it -> 0"),
     "cpu_offload_layers": (0, "MaxText offloads named tensors of every layer (remat_policy custom), not whole layers "
                               "(Megatron-Core's --cpu-offloading-num-layers); it -> 0"),
+    "fp8_param_gather": (False, "MaxText stores its weights in weight_dtype and quantizes only inside the matmuls "
+                                "(Megatron-Core's --fp8-param-gather has no MaxText form); it -> false"),
 }
 
 

@@ -320,6 +320,8 @@ def _training_args(job: Job, plan: Plan) -> list[str]:
         a += ["--cpu-offloading-num-layers", str(plan.cpu_offload_layers)]
     if plan.overlap_moe_expert_parallel_comm:  # with the delayed weight gradients Megatron's MoE README pairs it with
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if plan.fp8_param_gather:  # fp8 GEMM weights (TransformerConfig.fp8_param and DDP fp8_param_gather from it)
+        a += ["--fp8-param-gather"]
     if plan.offload_optimizer:
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     if job.precision == "fp16":

@@ -575,6 +575,7 @@ MEG_BOOL_FLAGS = {
     "--apply-layernorm-1p", "--disable-bias-linear", "--use-rope-scaling", "--use-rotary-position-embeddings",
     "--moe-router-pre-softmax", "--moe-router-enable-expert-bias", "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+    "--fp8-param-gather",
 }
 
 
@@ -1064,6 +1065,8 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     # --cpu-offloading-num-layers N: on only when N > 0 (arguments.py sets cpu_offloading from it); check_plan
     # then applies TransformerConfig's checks (pp 1, no recompute, N < num_layers)
     plan = plan.with_(cpu_offload_layers=max(0, a.int("--cpu-offloading-num-layers", 0)))
+    # --fp8-param-gather: check_plan applies Megatron's checks (--fp8-format, the distributed optimizer)
+    plan = plan.with_(fp8_param_gather=a.has("--fp8-param-gather"))
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
 
 
