@@ -445,7 +445,8 @@ def best_remat_for_mesh(m: ModelSpec, chip: Chip, job: Job, plan: Plan) -> Plan 
     from planner.remat import solve_mesh
 
     mesh = Mesh(dp=plan.dp, fsdp=plan.fsdp, tp=plan.tp, cp=plan.cp, pp=plan.pp, ep=plan.ep, vpp=plan.vpp,
-                micro_batch=plan.micro_batch, zero=plan.zero, slices=plan.slices, split=plan.split_accounting)
+                micro_batch=plan.micro_batch, zero=plan.zero, slices=plan.slices, split=plan.split_accounting,
+                fp8_params=plan.fp8_param_gather)
     r = solve_mesh(m, chip, job, mesh, Constraints())
     if r.choice is None:
         return None

@@ -19,3 +19,11 @@ def test_best_remat_for_a_flagged_mesh_keeps_the_split():
     best = best_remat_for_mesh(m, chip, job, plan)
     assert best is not None  # without the flags pp 8 x vpp 8 has no split, and nothing was solved
     assert best.split_accounting == (1, 1) and plan_split(m.n_layers, best) == (15, 16, 15)
+
+
+def test_best_remat_keeps_fp8_param_gather():
+    m, chip = load_model("llama3-70b"), load_hardware("h100-sxm")
+    job = Job(8192, 256, precision="fp8", framework="megatron")
+    plan = Plan(dp=8, tp=8, pp=1, micro_batch=1, zero=1, fp8_param_gather=True)
+    best = best_remat_for_mesh(m, chip, job, plan)
+    assert best is not None and best.fp8_param_gather
