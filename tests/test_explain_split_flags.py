@@ -21,9 +21,17 @@ def test_best_remat_for_a_flagged_mesh_keeps_the_split():
     assert best.split_accounting == (1, 1) and plan_split(m.n_layers, best) == (15, 16, 15)
 
 
-def test_best_remat_keeps_fp8_param_gather():
+
+def test_best_remat_solves_the_mesh_with_fp8_param_gather(monkeypatch):
+    """The CP-SAT program sees the plan's fp8 parameters (2 B per GEMM weight instead of 4 B with TE's cache)."""
+    import planner.remat as remat
+
+    seen = []
+    real = remat.solve_mesh
+    monkeypatch.setattr(remat, "solve_mesh", lambda m, chip, job, mesh, cons: seen.append(mesh) or real(
+        m, chip, job, mesh, cons))
     m, chip = load_model("llama3-70b"), load_hardware("h100-sxm")
     job = Job(8192, 256, precision="fp8", framework="megatron")
     plan = Plan(dp=8, tp=8, pp=1, micro_batch=1, zero=1, fp8_param_gather=True)
-    best = best_remat_for_mesh(m, chip, job, plan)
-    assert best is not None and best.fp8_param_gather
+    assert best_remat_for_mesh(m, chip, job, plan) is not None
+    assert [mesh.fp8_params for mesh in seen] == [True]
