@@ -8,7 +8,8 @@ gathered weights and no separate bf16 weight copy, since the validator computes 
 Adjustments (each check's `note` says which apply): flops add the flash attention's whole diagonal blocks and
 backward QK^T recompute (`flash_flops_adjustment`; CPU block = FLASH_BLOCK_FRACTION of the sequence); memory
 runs with XLA:CPU's end-of-step all-reduce combiner off (planner.validate.CPU_FLAGS), as accelerators reduce
-layer by layer; on CPU a reduce-scatter is an all-reduce + slice, so the two kinds are compared as one.
+layer by layer, and on CPU adds the score blocks the attention keeps in memory (`flash_memory_adjustment`);
+on CPU a reduce-scatter is an all-reduce + slice, so the two kinds are compared as one.
 (details and results: docs/validator.md)
 """
 
@@ -119,6 +120,24 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
         computed += n * ((1 + r_flash) * fwd + bwd) / plan.cp  # the cp rows are split over the chips
     accum = job.global_batch // (plan.batch_shards * plan.micro_batch)  # micro-batches per step
     return (computed - m.n_layers * (3 + r_model) * a) * accum / plan.pp
+
+
+# Score-sized buffers at the peak of XLA:CPU's step when it falls in the validator's attention: the backward of one
+# block pair holds 3 probability blocks (exp), 2 dP-sized products and dS (buffer assignments and live ranges of 9
+# plans at 12 shapes outside the random set: dp8 none/full/selective d128-256 s512-1024, tp2/tp4 with and without
+# sequence parallelism, dp2-fsdp2-tp2 d256 s1024; docs/validator_random_shapes.md, "Score blocks at the peak").
+FLASH_SCORE_BLOCKS = 6
+
+
+def flash_memory_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int) -> float:
+    """Per-device bytes of the score blocks the validator's blockwise attention (planner.validate.flash) keeps in
+    memory at its backward's peak on XLA:CPU, where a flash kernel keeps them on chip and the cost model counts
+    none: FLASH_SCORE_BLOCKS fp32 blocks of micro-batch x (heads / tp) x query block x key block."""
+    from planner.validate.flash import block_size
+
+    sq = job.seq_len // plan.cp  # each cp shard's queries
+    score = plan.micro_batch * (m.n_heads // plan.tp) * block_size(sq, block) * block_size(job.seq_len, block) * 4
+    return FLASH_SCORE_BLOCKS * score
 
 
 def grouped_matmul_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float:
@@ -308,8 +327,9 @@ def _flops_checks(name: str, cost: Cost, small: ModelSpec, job: Job, plan: Plan,
 
 
 def _memory_checks(name: str, cost: Cost, small: ModelSpec, chip: Chip, job: Job, plan: Plan, mem: dict,
-                   compute_dtype: str, act_bytes: int) -> list[Check]:
-    """Memory per device: the whole, the model state and the rest (temporaries), each against XLA's figures."""
+                   compute_dtype: str, act_bytes: int, scores: float = 0.0) -> list[Check]:
+    """Memory per device: the whole, the model state and the rest (temporaries), each against XLA's figures;
+    scores: the validator's attention score blocks (flash_memory_adjustment), added to the prediction."""
     b = cost.memory
     working_copy = 0.0
     if compute_dtype == "float32":  # no bf16 compute copy of the weights in an fp32 step
@@ -317,10 +337,12 @@ def _memory_checks(name: str, cost: Cost, small: ModelSpec, chip: Chip, job: Job
     batch_bytes = 2 * job.global_batch * job.seq_len * 4 / (plan.batch_shards * plan.cp)
     state_pred = b["weights"] - working_copy + b["optimizer"]
     state_xla = mem["argument"] - batch_bytes - 4  # minus tokens, targets and the step counter
-    peak_pred = cost.peak_memory_bytes - working_copy
-    return [_check(name, "memory_bytes", peak_pred, mem["peak"],
-                   "XLA: argument + output + temp - alias; prediction without the bf16 compute copy"
-                   if working_copy else "XLA: argument + output + temp - alias"),
+    peak_pred = cost.peak_memory_bytes - working_copy + scores
+    note = "XLA: argument + output + temp - alias" + ("; prediction without the bf16 compute copy"
+                                                      if working_copy else "")
+    if scores:
+        note += f"; + the validator's attention score blocks {scores:.4g} B"
+    return [_check(name, "memory_bytes", peak_pred, mem["peak"], note),
             _check(name, "state_bytes", state_pred, state_xla, "fp32 weights + Adam moments"),
             _check(name, "temp_bytes", peak_pred - state_pred, mem["temp"] + mem["output"] - mem["alias"],
                    "gradients, activations, logits, gathered weights (XLA temp + unaliased output)")]
@@ -364,7 +386,8 @@ def _run(res: PlanResult, small: ModelSpec, job: Job, plan: Plan, chip: Chip, st
     cost = predict(small, chip, job, plan, act_bytes)
     res.predicted_step_s = cost.step_time_s
     res.checks += _flops_checks(res.name, cost, small, job, plan, block, flops, matmul)
-    res.checks += _memory_checks(res.name, cost, small, chip, job, plan, mem, compute_dtype, act_bytes)
+    scores = flash_memory_adjustment(small, job, plan, block) if platform == "cpu" else 0.0
+    res.checks += _memory_checks(res.name, cost, small, chip, job, plan, mem, compute_dtype, act_bytes, scores)
     res.checks += _collective_checks(res.name, cost, plan, xla_coll, merge)
     if time_steps and steps > 0:
         runner = StepRunner(compiled, step.inputs())
