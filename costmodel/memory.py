@@ -21,6 +21,7 @@ from costmodel.plan import (
     Plan,
     busiest_stage_layers,
     chunk_layer_counts,
+    plan_split,
     recomputed_share,
     stage_layer_counts,
 )
@@ -310,10 +311,13 @@ def param_counts_per_chip(m: ModelSpec, plan: Plan, tables_every_stage: bool = F
     # the tables' `vocab`/`embed` sharding rules do not name the `stage` axis).
     emb = (m.embedding_params() if plan.pp == 1 or tables_every_stage else m.vocab_size * m.d_model) / tp
     layer = body / (m.n_layers / pp if kinds is None else layers)
-    if all(plan.split_accounting) and plan.pp > 2 and not tables_every_stage:
-        # Megatron-Core's split with both flags: each end stage holds its table in place of one layer, so the
-        # stage with the most weights holds max(a middle stage's layers, one layer fewer and the table)
-        emb = max(0.0, emb - layer)
+    if plan.pp > 1 and not tables_every_stage:
+        # Megatron: each end stage holds its table beside its own layers, so the stage with the most weights holds
+        # max(the busiest stage's layers, an end stage's layers and its table); beyond the busiest stage's layers
+        # (body) that is what emb counts. An end stage with fewer layers (Megatron's uneven split 1 / 2 / 1, or
+        # the account-for-embedding/loss flags: one layer fewer) makes room for part of its table.
+        split = plan_split(m.n_layers, plan)
+        emb = max(0.0, max(split[0], split[2]) * layer + emb - max(split) * layer)
     return body, layer, emb
 
 
@@ -438,7 +442,7 @@ def state_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape) -> StateTerms:
     """Weights (with the bf16 working copy), gradients (with MaxText's accumulation carry) and optimizer state on
     this chip, under the framework's layout and the plan's sharding."""
     fw = s.fw
-    layout = state_convention(job)
+    layout = job.fw.state_bytes(job.weight_dtype, plan.grad_reduce_in_bf16)  # state_convention, bf16 main grads if set
     w_b, g_b, o_b, _ = layout
     # MaxText differentiates the bf16 compute copy of the weights: XLA reduces that bf16 gradient and converts it
     # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).

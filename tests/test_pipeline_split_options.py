@@ -331,3 +331,22 @@ def test_seven_eight_seven_with_two_virtual_stages(tmp_path):
     m = load_model("llama3-405b")
     assert estimate(m, H100, job, plan).stage_layers == (8, 8, 6)
     assert estimate(m, H100, job, plan.with_(**BOTH)).stage_layers == (7, 8, 7)
+
+
+def test_end_stage_table_counted_beside_its_own_layers():
+    """The stage with the most weights: max(busiest stage's layers, an end stage's layers + its table). 6 layers
+    over pp 4 split 1 / 2 / 1 (Megatron's uneven split): the end stages hold 1 layer and a table, so beyond the
+    2-layer stage's weights only table - layer is counted; an even split counts the whole table."""
+    from costmodel.memory import param_counts_per_chip
+    from costmodel.model import ModelSpec
+    from costmodel.plan import Plan, plan_split
+
+    m = ModelSpec("six", n_layers=6, d_model=512, n_heads=8, n_kv_heads=8, ffn_dim=2048, vocab_size=32000)
+    uneven = Plan(tp=2, pp=4, dp=1)
+    assert plan_split(m.n_layers, uneven) == (1, 2, 1)
+    body, layer, emb = param_counts_per_chip(m, uneven)
+    table = 32000 * 512 / 2
+    assert body == pytest.approx(2 * layer) and table > layer
+    assert emb == pytest.approx(table - layer)
+    even = Plan(tp=2, pp=3, dp=1)  # 2 / 2 / 2: every end stage holds 2 layers and its table
+    assert param_counts_per_chip(m, even)[2] == pytest.approx(table)
