@@ -75,6 +75,10 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
         ("--fp8-param-gather",), bool, "", "Megatron-Core: keep the GEMM weights in fp8 (Transformer Engine "
         "Float8Tensors, fp32 main weights in the distributed optimizer) and all-gather them in fp8 (with --precision "
         "fp8 and --zero 1-3)."),
+    "grad_reduce_in_bf16": (
+        ("--grad-reduce-in-bf16",), bool, "", "Megatron-Core: keep the main gradients in bf16 and reduce them in "
+        "bf16 (2 B per parameter stored and sent instead of fp32's 4; less precise sums; with --precision bf16 "
+        "or fp8, no fsdp). Never chosen by suggest."),
     "precision": (("--precision",), str, "NAME", "Matmul precision: bf16, fp8 or int8."),
     "framework": (("--framework",), str, "NAME", "State and collective conventions: maxtext, megatron, pytorch-fsdp "
                   "or deepspeed."),

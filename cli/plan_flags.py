@@ -24,6 +24,7 @@ from costmodel.plan import (
     CPU_OFFLOAD_LAYERS,
     EP_OVERLAP,
     FP8_PARAMS,
+    GRAD_BF16,
     RECOMPUTE_LAYERS,
     SPLIT_FLAGS,
     Plan,
@@ -74,6 +75,7 @@ class PlanFlags:
     recompute_num_layers: int | None = None
     cpu_offload_layers: int | None = None
     fp8_param_gather: bool = False
+    grad_reduce_in_bf16: bool = False
     precision: str | None = None
     framework: str | None = None
     weight_dtype: str | None = None
@@ -95,15 +97,15 @@ def with_plan_flags(omit: tuple[str, ...] = (), defaults: Mapping[str, Any] = DE
     --framework: a command that omits either (it searches the pipeline, or fixes its own framework) has none; the
     expert all-to-all overlap goes with --ep and --framework the same way, --recompute-num-layers with --remat and
     --framework, as is --cpu-offloading-num-layers; --fp8-param-gather with --precision,
-    --framework and --zero."""
+    --framework and --zero, as is --grad-reduce-in-bf16."""
     split_off = "pp" in omit or "framework" in omit
     overlap_off = "ep" in omit or "framework" in omit
     recompute_off = "remat" in omit or "framework" in omit
-    fp8_off = "precision" in omit or "framework" in omit or "zero" in omit
+    fp8_off = "precision" in omit or "framework" in omit or "zero" in omit  # --grad-reduce-in-bf16 too
     names = [n for n in OPTIONS if n not in omit and not (split_off and n in SPLIT_FLAGS)
              and not (overlap_off and n == EP_OVERLAP)
              and not (recompute_off and n in (RECOMPUTE_LAYERS, CPU_OFFLOAD_LAYERS))
-             and not (fp8_off and n == FP8_PARAMS)]
+             and not (fp8_off and n in (FP8_PARAMS, GRAD_BF16))]
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(command, eval_str=True)
@@ -281,7 +283,7 @@ def override_plan(plan: Plan, flags: PlanFlags, defaults: Mapping[str, Any] | No
         plan = plan.with_(zero=value("zero"))
     if flags.no_sp:
         plan = plan.with_(sequence_parallel=False)
-    plan = plan.with_(**{n: True for n in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS) if getattr(flags, n)})
+    plan = plan.with_(**{n: True for n in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16) if getattr(flags, n)})
     remat = value("remat")
     if remat is not None:
         plan = plan.with_(remat=parse_remat(remat))

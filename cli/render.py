@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from costmodel.cost import NEAR_LIMIT, Cost
-from costmodel.plan import EP_OVERLAP, FP8_PARAMS, SPLIT_FLAGS, Plan
+from costmodel.plan import EP_OVERLAP, FP8_PARAMS, GRAD_BF16, SPLIT_FLAGS, Plan
 from hardware.errors import escape as escape_controls
 
 GIB = 2**30
@@ -50,6 +50,8 @@ def plan_summary(plan: Plan) -> str:
         extra.append(f"cpu-offload-layers={plan.cpu_offload_layers}")
     if plan.fp8_param_gather:  # Megatron-Core's --fp8-param-gather
         extra.append("fp8-params")
+    if plan.grad_reduce_in_bf16:  # Megatron-Core's --grad-reduce-in-bf16
+        extra.append("bf16-grads")
     return deg + "  " + " ".join(extra)
 
 
@@ -58,7 +60,8 @@ def plan_dict(plan: Plan) -> dict:
             "sequence_parallel": plan.sequence_parallel, "remat": plan.remat.name,
             "remat_tensors": plan.remat.choices(), "offload_optimizer": plan.offload_optimizer,
             "offload_params": plan.offload_params, "slices": plan.slices,
-            **{f: True for f in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS) if getattr(plan, f)},  # Megatron-Core's, if set
+            # Megatron-Core's flags, when set
+            **{f: True for f in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16) if getattr(plan, f)},
             **({"recompute_num_layers": plan.recompute_num_layers} if plan.recompute_num_layers else {}),
             **({"cpu_offload_layers": plan.cpu_offload_layers} if plan.cpu_offload_layers else {})}
 

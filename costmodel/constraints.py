@@ -9,6 +9,7 @@ from costmodel.plan import (
     CPU_OFFLOAD_LAYERS,
     EP_OVERLAP,
     FP8_PARAMS,
+    GRAD_BF16,
     RECOMPUTE_LAYERS,
     REMAT_POLICIES,
     SPLIT_FLAGS,
@@ -42,6 +43,7 @@ def check_plan(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None
     check_recompute_layers(m, job, plan)
     check_cpu_offload_layers(m, job, plan)
     check_fp8_params(job, plan)
+    check_grad_bf16(job, plan)
     if job.seq_len % plan.cp:
         raise InputError(f"cp: seq_len {job.seq_len} is not divisible by cp {plan.cp}")
     if plan.ep > 1 and not m.is_moe:
@@ -141,6 +143,23 @@ def check_fp8_params(job: Job, plan: Plan) -> None:
     if plan.offload_params:
         raise InputError(f"{flag}: the fp8 weights live on the GPU; expected no parameter offload "
                          "(--offload without params)")
+
+
+def check_grad_bf16(job: Job, plan: Plan) -> None:
+    """Megatron-LM's --grad-reduce-in-bf16 (Plan.grad_reduce_in_bf16): only under a framework that runs it
+    (Framework.grad_reduce_in_bf16); it acts on bf16 parameters (arguments.py validate_args applies it under
+    args.bf16, which fp8 runs set too; fp16 gradients are already 2 B); and on the DDP gradient buffer, which
+    Megatron-FSDP does not use (it reads --megatron-fsdp-main-grads-dtype instead)."""
+    if not plan.grad_reduce_in_bf16:
+        return
+    flag = f"{GRAD_BF16} (--grad-reduce-in-bf16)"
+    require_framework(job, "grad_reduce_in_bf16", f"{flag}: Megatron-Core's bf16 main gradients")
+    if job.precision not in ("bf16", "fp8"):
+        raise InputError(f"{flag}: Megatron-LM applies it to bf16 parameters (validate_args, under --bf16); "
+                         f"expected --precision bf16 or fp8, got {job.precision}")
+    if plan.zero == 3 or plan.fsdp > 1:
+        raise InputError(f"{flag}: sets the DDP gradient buffer's dtype, which Megatron-FSDP does not use; "
+                         f"expected zero 0-2 and fsdp 1, got zero {plan.zero}, fsdp {plan.fsdp}")
 
 
 def fp8_params_allowed(job: Job, plan: Plan) -> bool:

@@ -73,6 +73,9 @@ class Framework:
     # keeps the copy in _fp8_workspaces (transformer_engine/pytorch/module/linear.py Linear.forward, base.py
     # quantize_weight)
     fp8_param_gather: bool = False  # GEMM weights can be stored as fp8 (--fp8-param-gather: Plan.fp8_param_gather)
+    # ---- gradient dtype
+    grad_reduce_in_bf16: bool = False  # the main gradients can be kept and reduced in bf16 (--grad-reduce-in-bf16:
+    # Plan.grad_reduce_in_bf16; bf16_grad_layout)
     # ---- mixture of experts
     dropless_worst_case: bool = False  # dropless routing sizes expert buffers for the worst case under ep
     dispatch_sp_shards: bool = True  # the all-to-all sends the sequence-parallel shards (1/tp of the tokens)
@@ -99,14 +102,15 @@ class Framework:
     # ---- data-parallel synchronisation
     param_gather: str = WITH_GRADS  # the distributed optimizer's parameter all-gather (WITH_GRADS, ...: above)
 
-    def state_bytes(self, weight_dtype: str) -> StateBytes:
-        """The state layout for the job's weight_dtype."""
+    def state_bytes(self, weight_dtype: str, bf16_grads: bool = False) -> StateBytes:
+        """The state layout for the job's weight_dtype; with bf16_grads (Plan.grad_reduce_in_bf16, checked by
+        costmodel.constraints.check_grad_bf16) its main gradients in bf16 (bf16_grad_layout)."""
         if weight_dtype == "bfloat16":
             if self.bf16_state is None:
                 raise InputError(f"weight_dtype bfloat16 is a {'/'.join(bf16_names())} setting; framework "
                                  f"{self.name!r} has its own state layout (expected --framework {bf16_names()[0]})")
             return self.bf16_state
-        return self.state
+        return bf16_grad_layout(self.state) if bf16_grads else self.state
 
     def spmd_pipeline(self, pp: int) -> bool:
         """A pipeline whose stages all run the same program (SPMD) is in use."""
@@ -124,7 +128,8 @@ MEGATRON = Framework(
     # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
     "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
     optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True,
-    block_recompute=True, layer_cpu_offload=True, fp8_weight_cache=True, fp8_param_gather=True)
+    block_recompute=True, layer_cpu_offload=True, fp8_weight_cache=True, fp8_param_gather=True,
+    grad_reduce_in_bf16=True)
 PYTORCH_FSDP = Framework(
     # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
     "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)
@@ -137,7 +142,8 @@ DEEPSPEED = Framework(
 # Nemotron and MLPerf configs, e.g. mlcommons/training_results_v4.0 NVIDIA gpt3 nemo conf/optim/
 # distributed_fused_adam.yaml): the bf16 parameters (megatron_base_model.py: param_sync_dtype = the model dtype)
 # all-gathered behind the next step's forward. Gradients stay fp32 on the wire (NeMo sets no grad_sync_dtype: the
-# optimizer's fp32 dtype; MLPerf's bf16 is a per-run setting the runs schema cannot carry). Else Megatron's.
+# optimizer's fp32 dtype); MLPerf's bf16 (grad_sync_dtype bf16, grad_reduce_in_fp32=False) is a per-run setting:
+# Plan.grad_reduce_in_bf16, the runs column grad_reduce_in_bf16 (docs/grad_reduce_bf16.md). Else Megatron's.
 NEMO = replace(MEGATRON, name="nemo", display="NeMo", param_gather=NEXT_FORWARD)
 # AFTER_STEP (nanotron's ZeRO-1, optim/zero.py: a blocking all_gather_coalesced after the step) is costed but no
 # record uses it: it did not improve the out-of-source figure (docs/h100_residuals.md, 'Implemented').
@@ -163,6 +169,23 @@ def te_weight_bytes(fw: Framework, precision: str, fp8_params: bool, stored: int
     # bf16 weight plus the cached fp8 workspace (linear.py: cache_name 'weight' whenever is_first_microbatch is
     # not None; Megatron-Core sets it unless --disable-parameter-transpose-cache)
     return stored + FP8_COPIES
+
+
+# bf16 main gradients (Plan.grad_reduce_in_bf16; docs/grad_reduce_bf16.md). Megatron-Core sizes the gradient
+# buffer by grad_reduce_in_fp32 (distributed/param_and_grad_buffer.py group_params_for_buffers: grad_dtype =
+# torch.float if grad_reduce_in_fp32 else param.dtype, i.e. bf16) and reduces that buffer as it is (2 B per element
+# on the wire); Apex's distributed_fused_adam (NeMo 1) allocates its contiguous grad buffer in grad_sync_dtype
+# (_init_grad_buffer). The fp32 master weights and moments stay in the optimizer. The distributed optimizer makes
+# an fp32 copy of its gradient shard at each step (distrib_optimizer.py _copy_model_grads_to_main_grads:
+# shard_main_param.grad = shard_model_grad.float()), freed by zero_grad before the next forward: it adds HBM
+# traffic to the update, not to the backward's peak (not counted: the activations are gone by then).
+BF16_GRAD = 2  # bytes per bf16 gradient element
+
+
+def bf16_grad_layout(layout: StateBytes) -> StateBytes:
+    """The state layout with bf16 main gradients: 2 B stored per gradient, and the update reads the bf16 shard
+    (2 B) and writes its fp32 copy (layout.grads B) before the fused Adam reads that copy as before."""
+    return layout._replace(grads=BF16_GRAD, adam_update=layout.adam_update + BF16_GRAD + layout.grads)
 
 
 REGISTRY: dict[str, Framework] = {f.name: f for f in (MAXTEXT, MEGATRON, PYTORCH_FSDP, DEEPSPEED, NEMO)}

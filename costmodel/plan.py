@@ -28,6 +28,11 @@ CPU_OFFLOAD_LAYERS = "cpu_offload_layers"
 # fp8_param_gather; NeMo's fp8_params): the GEMM weights are Transformer Engine Float8Tensors instead of bf16, the
 # fp32 main parameters stay in the distributed optimizer, and the parameter all-gather carries fp8 (docs/fp8_params.md)
 FP8_PARAMS = "fp8_param_gather"
+# Megatron-LM's --grad-reduce-in-bf16 (validate_args clears accumulate_allreduce_grads_in_fp32, which
+# training.py get_megatron_ddp_config passes as DistributedDataParallelConfig.grad_reduce_in_fp32; NeMo's
+# grad_reduce_in_fp32=False, Apex distributed_fused_adam's grad_sync_dtype bf16): the main-gradient buffer and its
+# reduce-scatter / all-reduce in bf16 instead of fp32 (costmodel.framework.bf16_grad_layout; docs/grad_reduce_bf16.md)
+GRAD_BF16 = "grad_reduce_in_bf16"
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
 AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
@@ -167,6 +172,8 @@ class Plan:
     cpu_offload_layers: int = 0
     # Megatron-Core fp8 parameters (FP8_PARAMS): GEMM weights stored and all-gathered in fp8 (precision fp8 only)
     fp8_param_gather: bool = False
+    # Megatron-Core bf16 main gradients (GRAD_BF16): gradients stored and reduced in 2 B (off: fp32, Megatron's default)
+    grad_reduce_in_bf16: bool = False
 
     def __post_init__(self) -> None:
         for name in (*AXES, "vpp", "micro_batch", "slices", "vocab_tiles"):
@@ -182,7 +189,7 @@ class Plan:
         n = self.cpu_offload_layers
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise InputError(f"plan field {CPU_OFFLOAD_LAYERS!r}: expected a non-negative integer (0: off), got {n!r}")
-        for name in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS):
+        for name in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"plan field {name!r}: expected true or false, got {getattr(self, name)!r}")
 

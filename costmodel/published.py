@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.constraints import check_fp8_params, check_split_flags
+from costmodel.constraints import check_fp8_params, check_grad_bf16, check_split_flags
 from costmodel.job import Job
 from costmodel.model import ModelSpec
 from costmodel.plan import SPLIT_FLAGS, Plan, parse_remat
@@ -54,6 +54,10 @@ PIPELINE_SPLIT = {"": (), "embedding": SPLIT_FLAGS[:1], "loss": SPLIT_FLAGS[1:],
 # Optional column fp8_param_gather: true where the run kept its GEMM weights in fp8 (Megatron-LM --fp8-param-gather,
 # NeMo fp8_params; NVIDIA's MLPerf FP8_PARAMS=True) -> Plan.fp8_param_gather (RUNS_SCHEMA.md; blank or no column: off).
 FP8_PARAMS_VALUES = {"": False, "false": False, "true": True}
+# Optional column grad_reduce_in_bf16: true where the run kept and reduced its main gradients in bf16 (Megatron-LM
+# --grad-reduce-in-bf16, NeMo grad_reduce_in_fp32=False, Apex distributed_fused_adam grad_sync_dtype bf16)
+# -> Plan.grad_reduce_in_bf16 (RUNS_SCHEMA.md; blank or no column: off, fp32 gradients). Same values as above.
+GRAD_BF16_COLUMN = "grad_reduce_in_bf16"
 REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size",
             "seq_len", "hardware", "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch")
 
@@ -151,6 +155,15 @@ def _fp8_params(row: dict[str, str]) -> bool:
     return FP8_PARAMS_VALUES[v]
 
 
+def _grad_bf16(row: dict[str, str]) -> bool:
+    """The optional `grad_reduce_in_bf16` column: whether the run's main gradients were bf16
+    (Plan.grad_reduce_in_bf16)."""
+    v = (row.get(GRAD_BF16_COLUMN) or "").strip().lower()
+    if v not in FP8_PARAMS_VALUES:
+        raise InputError(f"{GRAD_BF16_COLUMN}: expected empty, true or false, got {excerpt(v)}")
+    return FP8_PARAMS_VALUES[v]
+
+
 def _remat(row: dict[str, str]) -> str:
     name = (row.get("remat") or "").strip() or "full"
     if name != "custom":
@@ -160,6 +173,22 @@ def _remat(row: dict[str, str]) -> str:
         return "full"
     items = [s.strip() for s in hit.group(1).split("(")[0].split(",") if "=" in s]
     return "custom:" + ",".join(items)
+
+
+def _check_megatron_columns(row: dict[str, str], model: ModelSpec, job: Job, plan: Plan) -> None:
+    """The Megatron-Core columns only where Megatron accepts them; InputError naming the column otherwise."""
+    try:
+        check_split_flags(model, job, plan)  # the flags only where Megatron-Core accepts them (framework, pp, split)
+    except InputError as e:
+        raise InputError(f"pipeline_split {excerpt(row['pipeline_split'].strip())}: {e}") from None
+    try:
+        check_fp8_params(job, plan)  # only where Megatron accepts it (framework, fp8, distributed optimizer)
+    except InputError as e:
+        raise InputError(f"fp8_param_gather: {e}") from None
+    try:
+        check_grad_bf16(job, plan)  # only where Megatron runs it (framework, bf16 parameters, no FSDP)
+    except InputError as e:
+        raise InputError(f"{GRAD_BF16_COLUMN}: {e}") from None
 
 
 def row_to_case(row: dict[str, str]) -> Case:
@@ -210,15 +239,9 @@ def row_to_case(row: dict[str, str]) -> Case:
     sp = deg["tp"] > 1 and not (row.get("source") or "").startswith("narayanan2021")
     plan = Plan(**deg, vpp=_int(row, "vpp", 1) or 1, micro_batch=max(1, micro), zero=zero, sequence_parallel=sp,
                 remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1, vocab_tiles=_vocab_tiles(row),
-                fp8_param_gather=_fp8_params(row), **_pipeline_split(row))
-    try:
-        check_split_flags(model, job, plan)  # the flags only where Megatron-Core accepts them (framework, pp, split)
-    except InputError as e:
-        raise InputError(f"pipeline_split {excerpt(row['pipeline_split'].strip())}: {e}") from None
-    try:
-        check_fp8_params(job, plan)  # only where Megatron accepts it (framework, fp8, distributed optimizer)
-    except InputError as e:
-        raise InputError(f"fp8_param_gather: {e}") from None
+                fp8_param_gather=_fp8_params(row), grad_reduce_in_bf16=_grad_bf16(row),
+                **_pipeline_split(row))
+    _check_megatron_columns(row, model, job, plan)
     measured = _num(row, "measured_step_time_s")
     if measured is None or measured <= 0:
         raise InputError(f"measured_step_time_s: expected a positive number of seconds, got "

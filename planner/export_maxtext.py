@@ -70,6 +70,8 @@ _MEGATRON_ONLY = {
                               "(Megatron-Core's --cpu-offloading-num-layers); it -> 0"),
     "fp8_param_gather": (False, "MaxText stores its weights in weight_dtype and quantizes only inside the matmuls "
                                 "(Megatron-Core's --fp8-param-gather has no MaxText form); it -> false"),
+    "grad_reduce_in_bf16": (False, "MaxText reduces the bf16 gradients of its compute copy and keeps grad_dtype "
+                                   "(Megatron-Core's --grad-reduce-in-bf16 has no MaxText setting); it -> false"),
 }
 
 

@@ -322,6 +322,8 @@ def _training_args(job: Job, plan: Plan) -> list[str]:
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if plan.fp8_param_gather:  # fp8 GEMM weights (TransformerConfig.fp8_param and DDP fp8_param_gather from it)
         a += ["--fp8-param-gather"]
+    if plan.grad_reduce_in_bf16:  # bf16 main-gradient buffer: arguments.py clears accumulate_allreduce_grads_in_fp32
+        a += ["--grad-reduce-in-bf16"]
     if plan.offload_optimizer:
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     if job.precision == "fp16":

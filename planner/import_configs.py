@@ -566,7 +566,7 @@ MEG_VALUE_FLAGS = {
     "--rotary-base", "--rotary-percent", "--rope-scaling-factor", "--rope-type", "--rotary-scaling-factor",
     "--mscale", "--mscale-all-dim", "--attention-dropout", "--hidden-dropout", "--make-vocab-size-divisible-by",
     "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate",
-    "--moe-router-num-groups", "--moe-router-group-topk",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--main-grads-dtype",
 }
 MEG_BOOL_FLAGS = {
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--sequence-parallel",
@@ -575,7 +575,7 @@ MEG_BOOL_FLAGS = {
     "--apply-layernorm-1p", "--disable-bias-linear", "--use-rope-scaling", "--use-rotary-position-embeddings",
     "--moe-router-pre-softmax", "--moe-router-enable-expert-bias", "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
-    "--fp8-param-gather",
+    "--fp8-param-gather", "--grad-reduce-in-bf16",
 }
 
 
@@ -1067,6 +1067,11 @@ def import_megatron(path: str | Path, hardware: str | None = None, chips: int | 
     plan = plan.with_(cpu_offload_layers=max(0, a.int("--cpu-offloading-num-layers", 0)))
     # --fp8-param-gather: check_plan applies Megatron's checks (--fp8-format, the distributed optimizer)
     plan = plan.with_(fp8_param_gather=a.has("--fp8-param-gather"))
+    # --grad-reduce-in-bf16, or --main-grads-dtype bf16 (precision-aware optimizer): arguments.py validate_args then
+    # leaves accumulate_allreduce_grads_in_fp32 False, so DistributedDataParallelConfig.grad_reduce_in_fp32 False
+    # (training.py get_megatron_ddp_config); check_plan applies check_grad_bf16
+    bf16_grads = a.has("--grad-reduce-in-bf16") or a.str("--main-grads-dtype") == "bf16"
+    plan = plan.with_(grad_reduce_in_bf16=bf16_grads)
     return _finish(where, m, model_ref, chip, hw_ref, world, job, plan, notes)
 
 

@@ -24,6 +24,7 @@ from costmodel.plan import (
     CPU_OFFLOAD_LAYERS,
     EP_OVERLAP,
     FP8_PARAMS,
+    GRAD_BF16,
     RECOMPUTE_LAYERS,
     REMAT_POLICIES,
     SPLIT_FLAGS,
@@ -42,7 +43,7 @@ TOP_FIELDS = ("version", "description", "model", "hardware", "chips", "job", "pl
 REQUIRED_TOP = ("version", "model", "hardware", "chips", "job", "plan")
 PLAN_FIELDS = ("degrees", "slices", "ici", "dcn", "micro_batch", "vpp", "zero", "sequence_parallel", "remat",
                "offload_optimizer", "offload_params", "vocab_tiles", *SPLIT_FLAGS, EP_OVERLAP,
-               RECOMPUTE_LAYERS, CPU_OFFLOAD_LAYERS, FP8_PARAMS)
+               RECOMPUTE_LAYERS, CPU_OFFLOAD_LAYERS, FP8_PARAMS, GRAD_BF16)
 PREDICTED_FIELDS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "fit_memory_bytes", "fits")
 MODEL_META = ("name", "description", "source")
 MAX_REF_CHARS = 1024  # a model or hardware reference that is a path (a name: MAX_NAME_CHARS)
@@ -234,7 +235,8 @@ def _plan_from(data: dict, where: str) -> Plan:
         if isinstance(z, bool) or z not in (0, 1, 2, 3):
             raise _err(where, "plan.zero", "0, 1, 2 or 3", z)
         kw["zero"] = z
-    for f in ("sequence_parallel", "offload_optimizer", "offload_params", *SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS):
+    for f in ("sequence_parallel", "offload_optimizer", "offload_params", *SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS,
+              GRAD_BF16):
         if f in data:
             kw[f] = _bool(data[f], where, f"plan.{f}")
     if RECOMPUTE_LAYERS in data:  # Megatron-Core's block recompute; 0: every layer follows the remat policy
@@ -402,7 +404,7 @@ def plan_dict(plan: Plan, chip: Chip | None) -> dict:
     if plan.vocab_tiles > 1:
         out["vocab_tiles"] = plan.vocab_tiles
     # written only when set (Megatron-Core's)
-    out.update({f: True for f in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS) if getattr(plan, f)})
+    out.update({f: True for f in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16) if getattr(plan, f)})
     if plan.recompute_num_layers:  # written only when set (Megatron-Core's block recompute)
         out[RECOMPUTE_LAYERS] = plan.recompute_num_layers
     if plan.cpu_offload_layers:  # written only when set (Megatron-Core's layer CPU offload)

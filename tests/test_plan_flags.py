@@ -191,4 +191,4 @@ def test_plan_commands_share_one_flag_group(capsys, monkeypatch):
                 if p.name not in ("out", "as_json", "save_plan_to", "no_what_ifs", "fmt", "force")}
 
     ref = plan_opts("estimate")
-    assert len(ref) == 31 and all(plan_opts(c) == ref for c in ("explain", "plot", "export"))
+    assert len(ref) == 32 and all(plan_opts(c) == ref for c in ("explain", "plot", "export"))
