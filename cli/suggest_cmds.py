@@ -62,6 +62,8 @@ def fates(plan) -> str:
         parts.append("host " + ",".join(host))
     if plan.overlap_moe_expert_parallel_comm:  # Megatron-Core's expert all-to-all overlap (docs/ep_overlap.md)
         parts.append("a2a overlap")
+    if plan.fp8_param_gather:  # Megatron-Core's --fp8-param-gather (docs/fp8_params.md)
+        parts.append("fp8 params")
     name = plan.remat.name if plan.remat.name != "custom" else ""
     if plan.recompute_num_layers:  # Megatron's --recompute-method block: only the first N layers of a chunk
         name = f"{name} first {plan.recompute_num_layers}/chunk"
@@ -198,6 +200,8 @@ def print_flags(s, console) -> None:
         marks.append("!: MFU above the best measured on this chip family")
     if any(any(r.plan.split_accounting) for r in s.plans):
         marks.append("split=emb/loss: Megatron-Core's --account-for-embedding/loss-in-pipeline-split")
+    if any(r.plan.fp8_param_gather for r in s.plans):
+        marks.append("fp8 params: Megatron-Core's --fp8-param-gather")
     console.print("; ".join(marks))
     for i, r in enumerate(s.plans, 1):
         for note in (r.interval.extrapolations if r.interval else ()):

@@ -185,3 +185,15 @@ def test_suggest_turns_it_on_where_allowed():
     assert any(mesh.fp8_params for mesh in meshes)
     bf16 = list(candidates(SMALL, H100, Job(4096, 16, "bf16", "megatron"), 8, Constraints()))
     assert not any(mesh.fp8_params for mesh in bf16)
+
+
+def test_suggest_table_marks_fp8_params():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    planner = str(Path(sys.executable).parent / "planner")
+    p = subprocess.run([planner, "suggest", "-m", "llama3-8b", "-H", "h100-sxm", "-n", "8", "--precision", "fp8",
+                        "--top", "1"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "fp8 params" in p.stdout and "fp8 params: Megatron-Core's --fp8-param-gather" in p.stdout
