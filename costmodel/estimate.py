@@ -594,6 +594,17 @@ def host_transfers(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective
     return out
 
 
+def optimizer_step_time(chip: Chip, job: Job, plan: Plan, opt_bytes: float) -> float:
+    """The Adam update, memory-bound: its state bytes (adam_bytes_per_param per parameter) over HBM; with the
+    optimizer offloaded, over the host's DRAM where the framework runs the update on the CPU
+    (Framework.cpu_optimizer_step; Chip.host_update_Bps), not hidden (it sits between the last backward and the
+    next forward). MaxText (optimizer_memory_host_offload) updates on the device: no host step is added, its
+    transfers are what host_transfers counts."""
+    if not plan.offload_optimizer:
+        return opt_bytes / (chip.hbm_bw_Bps * chip.eff.hbm)
+    return opt_bytes / chip.host_update_Bps if job.fw.cpu_optimizer_step else 0.0
+
+
 def layer_offload_transfer(c: Step, st: StageTimes, nbytes: float) -> Collective:
     """Megatron-Core's layer CPU offload (--cpu-offloading-num-layers N): each offloaded layer's saved activations
     down to host in the forward and back in the backward, per micro-step, each copy hidden (to the host_overlap
@@ -652,7 +663,7 @@ def estimate(m: ModelSpec, chip: Chip, job: Job, plan: Plan, chips: int | None =
     head = st.head if s.head_stages > 1 else 0.0
     bubble = (plan.pp - 1) / plan.vpp * (per_micro - head)
     opt_bytes = mem.optimizer_param_elems * mem.adam_bytes_per_param
-    optimizer = 0.0 if plan.offload_optimizer else opt_bytes / (chip.hbm_bw_Bps * chip.eff.hbm)
+    optimizer = optimizer_step_time(chip, job, plan, opt_bytes)
     time = {
         "compute": accum * (st.fwd + st.bwd),
         "recompute": accum * st.recompute,

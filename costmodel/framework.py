@@ -97,6 +97,9 @@ class Framework:
     vocab_tiling: bool = False  # logits and loss in token chunks (vocab_tiles > 1)
     cp_chunks: int = 1  # seq_len must divide into cp_chunks * cp chunks (load-balanced causal cp: 2)
     optimizer_offload_needs_zero: bool = False  # optimizer CPU offload only with the distributed optimizer
+    # with optimizer offload the Adam update runs on the host CPU (Megatron-Core's HybridDeviceOptimizer,
+    # megatron/core/optimizer/cpu_offloading; DeepSpeed ZeRO-Offload's CPUAdam; FSDP CPUOffload steps CPU params)
+    cpu_optimizer_step: bool = False
     megatron_core: bool = False  # runs Megatron-Core: `suggest` searches only its plan space (no fsdp axis, ZeRO 0/1,
     # remat none/selective/full, parameters on the GPU: planner.export_megatron.megatron_constraints)
     # ---- data-parallel synchronisation
@@ -127,16 +130,17 @@ MAXTEXT = Framework(
 MEGATRON = Framework(
     # Megatron-LM: distributed optimizer (ZeRO-1), --decoder-first/last-pipeline-num-layers, load-balanced cp
     "megatron", "Megatron", MIXED_STATE, reruns_mlp_out=True, uneven_pp=True, cp_chunks=2,
-    optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True,
+    optimizer_offload_needs_zero=True, megatron_core=True, ep_overlap=True, cpu_optimizer_step=True,
     block_recompute=True, layer_cpu_offload=True, fp8_weight_cache=True, fp8_param_gather=True,
     grad_reduce_in_bf16=True)
 PYTORCH_FSDP = Framework(
     # llm-foundry: fp32 sharded weights (amp_bf16 compute), fused_crossentropy loss
-    "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4)
+    "pytorch-fsdp", "PyTorch FSDP", FP32_STATE, logit_bytes=4, cpu_optimizer_step=True)
 DEEPSPEED = Framework(
     # Megatron's state layout; ZeRO-3 gathers flat over the data group (one NIC per rank, as DeepSpeed 2021 did);
     # PipelineModule partitions by parameters (uneven), TrainSchedule is plain 1F1B (no interleaving)
-    "deepspeed", "DeepSpeed", MIXED_STATE, flat_weight_collectives=True, uneven_pp=True, interleaved_pp=False)
+    "deepspeed", "DeepSpeed", MIXED_STATE, flat_weight_collectives=True, uneven_pp=True, interleaved_pp=False,
+    cpu_optimizer_step=True)
 
 # NeMo's distributed_fused_adam as its configs set it (overlap_grad_sync and overlap_param_sync True: NeMo launcher,
 # Nemotron and MLPerf configs, e.g. mlcommons/training_results_v4.0 NVIDIA gpt3 nemo conf/optim/

@@ -54,7 +54,7 @@ def _check(chip: Chip, where: str) -> None:
         if not getattr(chip, name) > 0:
             raise InputError(f"{where}: field {name!r} must be > 0, got {getattr(chip, name)}")
     for name in ("peak_bf16_flops", "peak_fp8_flops", "peak_int8_flops", "hbm_bytes", "hbm_bw_Bps",
-                 "host_mem_bytes", "host_link_Bps", "power_w"):
+                 "host_mem_bytes", "host_link_Bps", "host_mem_bw_Bps", "power_w"):
         v = getattr(chip, name)
         if not math.isfinite(v) or v < 0:
             raise InputError(f"{where}: field {name!r} must be a finite number >= 0, got {v}")

@@ -94,6 +94,8 @@ class Chip:
     chips_per_host: int
     max_chips: int  # largest job this profile describes (a pod, multislice or cluster limit)
     hbm_reserve_frac: float = 0.05  # HBM kept free for runtime, fragmentation and compiler scratch
+    # host DRAM bandwidth per chip: the node's CPU memory bandwidth / chips_per_host; 0 = not known
+    host_mem_bw_Bps: float = 0.0
     power_w: float = 0.0  # chip power at load, for energy estimates (0 = unknown)
     eff: Efficiency = field(default_factory=Efficiency)
     # A preset with no calibration runs of its own names its nearest calibrated relative here; its efficiencies are
@@ -113,6 +115,13 @@ class Chip:
         """Peak used for timing: bf16 plus the realised fraction (eff.lowp_gain) of a low-precision speed-up."""
         bf16 = self.peak_bf16_flops
         return bf16 + self.eff.lowp_gain * (self.peak_flops(precision) - bf16)
+
+    @property
+    def host_update_Bps(self) -> float:
+        """Bandwidth an optimizer step on the host CPU streams its state at: the host DRAM's share per chip (Adam
+        is memory-bound); where the profile does not know it, the host link's (slower on every profile that has
+        both), so an unknown host is costed on the slow side."""
+        return self.host_mem_bw_Bps or self.host_link_Bps
 
     @property
     def usable_hbm_bytes(self) -> float:

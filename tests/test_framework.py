@@ -136,3 +136,25 @@ def test_no_framework_name_comparisons_outside_the_registry():
         if rel != "costmodel/framework.py" and FRAMEWORK_TEST.search(path.read_text()):
             found.add(rel)
     assert found <= PENDING, found - PENDING
+
+
+def test_offloaded_optimizer_step_runs_at_host_dram_bandwidth_under_megatron():
+    """Megatron-Core's HybridDeviceOptimizer updates offloaded state on the CPU: the Adam bytes over the host's DRAM
+    share (not free); MaxText updates on the device (no host step)."""
+    from costmodel.catalog import load_model
+    from costmodel.estimate import estimate
+    from costmodel.job import Job
+    from costmodel.memory import memory_terms
+    from costmodel.plan import Plan, remat_policy
+    from hardware.catalog import load_hardware
+
+    m, chip = load_model("llama3-8b"), load_hardware("h100-sxm")
+    job = Job(4096, 64, framework="megatron")
+    plan = Plan(dp=8, micro_batch=1, zero=1, remat=remat_policy("full"), offload_optimizer=True)
+    cost = estimate(m, chip, job, plan)
+    mem = memory_terms(m, chip, job, plan, cost.grad_accum)
+    expected = mem.optimizer_param_elems * mem.adam_bytes_per_param / 7.68e10
+    assert cost.time["optimizer"] == pytest.approx(expected) and expected > 0.1
+    mt = estimate(m, chip, Job(4096, 64, framework="maxtext"),
+                  Plan(fsdp=8, micro_batch=8, remat=remat_policy("full"), offload_optimizer=True))
+    assert mt.time["optimizer"] == 0.0

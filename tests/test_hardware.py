@@ -403,3 +403,17 @@ def test_an_edited_profile_file_is_read_again(tmp_path: Path) -> None:
     path.write_text(re.sub(r"(?m)^hbm_bw_Bps: .*$", "hbm_bw_Bps: -1", text))
     with pytest.raises(InputError, match="hbm_bw_Bps"):
         load_hardware(str(path))
+
+
+def test_host_update_bandwidth_is_the_host_dram_share_or_the_host_link():
+    from dataclasses import replace
+
+    from hardware.catalog import load_hardware
+
+    h100 = load_hardware("h100-sxm")
+    assert h100.host_mem_bw_Bps == 7.68e10  # 2 x 307.2 GB/s / 8 GPUs
+    assert h100.host_update_Bps == 7.68e10
+    unknown = replace(h100, host_mem_bw_Bps=0.0)
+    assert unknown.host_update_Bps == h100.host_link_Bps  # not known: the slower host link
+    v5p = load_hardware("tpu-v5p")
+    assert v5p.host_mem_bw_Bps == 0.0 and v5p.host_update_Bps == v5p.host_link_Bps
