@@ -582,8 +582,15 @@ def host_transfers(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective
     if mem.cpu_offload_layer_bytes > 0:
         out.append(layer_offload_transfer(c, st, mem.cpu_offload_layer_bytes))
     if plan.offload_optimizer:
-        # Gradients down, updated parameters up, once per step, not overlapped (they bracket the update).
-        nbytes = mem.optimizer_param_elems * (mem.grad_bytes + BF16)
+        # Once per step, not overlapped (they bracket the update). Where the CPU updates (cpu_optimizer_step:
+        # ZeRO-Offload, Megatron-Core's HybridDeviceOptimizer) the gradients go down and the updated parameters
+        # come up; where the device updates (MaxText's optimizer_memory_host_offload: train_step device_puts the
+        # optimizer state to device memory before the update, and it is written back to pinned host after) the
+        # optimizer state comes up and goes back down.
+        if c.job.fw.cpu_optimizer_step:
+            nbytes = mem.optimizer_param_elems * (mem.grad_bytes + BF16)
+        else:
+            nbytes = 2 * mem.optimizer_param_elems * c.job.fw.state_bytes(c.job.weight_dtype).optimizer
         t = nbytes / chip.host_link_Bps
         out.append(_coll(Role.OPTIMIZER_OFFLOAD, "host", "d2h/h2d", "optimizer", 1, nbytes, t, t, "host"))
     if plan.offload_params:
@@ -598,11 +605,11 @@ def optimizer_step_time(chip: Chip, job: Job, plan: Plan, opt_bytes: float) -> f
     """The Adam update, memory-bound: its state bytes (adam_bytes_per_param per parameter) over HBM; with the
     optimizer offloaded, over the host's DRAM where the framework runs the update on the CPU
     (Framework.cpu_optimizer_step; Chip.host_update_Bps), not hidden (it sits between the last backward and the
-    next forward). MaxText (optimizer_memory_host_offload) updates on the device: no host step is added, its
-    transfers are what host_transfers counts."""
-    if not plan.offload_optimizer:
-        return opt_bytes / (chip.hbm_bw_Bps * chip.eff.hbm)
-    return opt_bytes / chip.host_update_Bps if job.fw.cpu_optimizer_step else 0.0
+    next forward). MaxText (optimizer_memory_host_offload) brings the state back and updates on the device (its
+    transfers: host_transfers)."""
+    if plan.offload_optimizer and job.fw.cpu_optimizer_step:
+        return opt_bytes / chip.host_update_Bps
+    return opt_bytes / (chip.hbm_bw_Bps * chip.eff.hbm)
 
 
 def layer_offload_transfer(c: Step, st: StageTimes, nbytes: float) -> Collective:
