@@ -440,7 +440,9 @@ class StateTerms:
 
 def state_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape) -> StateTerms:
     """Weights (with the bf16 working copy), gradients (with MaxText's accumulation carry) and optimizer state on
-    this chip, under the framework's layout and the plan's sharding."""
+    this chip, under the framework's layout and the plan's sharding. An offloaded optimizer state leaves the device
+    only where the CPU updates it (Framework.cpu_optimizer_step); MaxText's optimizer_memory_host_offload brings it
+    back for the update on the device, which saves no device memory (docs/memory.md, 'Optimizer host offload')."""
     fw = s.fw
     layout = job.fw.state_bytes(job.weight_dtype, plan.grad_reduce_in_bf16)  # state_convention, bf16 main grads if set
     w_b, g_b, o_b, _ = layout
@@ -472,7 +474,7 @@ def state_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape) -> StateTerms:
         layout=layout, reduce_bytes=reduce_b, weight_shards=weight_shards, expert_shards=expert_shards, body=body,
         layer_w=layer_w, emb=emb, experts=experts, params=params, opt_params=opt_params, grad_params=grad_params,
         weights=weights + weights_working, grads=grad_params * g_b + accum_buf,
-        optimizer=0.0 if plan.offload_optimizer else opt_params * o_b)
+        optimizer=0.0 if plan.offload_optimizer and fw.cpu_optimizer_step else opt_params * o_b)
 
 
 @dataclass(frozen=True)
