@@ -25,6 +25,7 @@ from costmodel.plan import (
     EP_OVERLAP,
     FP8_PARAMS,
     GRAD_BF16,
+    MEGATRON_SWITCHES,
     RECOMPUTE_LAYERS,
     SPLIT_FLAGS,
     Plan,
@@ -283,7 +284,7 @@ def override_plan(plan: Plan, flags: PlanFlags, defaults: Mapping[str, Any] | No
         plan = plan.with_(zero=value("zero"))
     if flags.no_sp:
         plan = plan.with_(sequence_parallel=False)
-    plan = plan.with_(**{n: True for n in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16) if getattr(flags, n)})
+    plan = plan.with_(**{n: True for n in MEGATRON_SWITCHES if getattr(flags, n)})
     remat = value("remat")
     if remat is not None:
         plan = plan.with_(remat=parse_remat(remat))

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from costmodel.cost import NEAR_LIMIT, Cost
-from costmodel.plan import EP_OVERLAP, FP8_PARAMS, GRAD_BF16, SPLIT_FLAGS, Plan
+from costmodel.plan import MEGATRON_SWITCHES, Plan
 from hardware.errors import escape as escape_controls
 
 GIB = 2**30
@@ -61,7 +61,7 @@ def plan_dict(plan: Plan) -> dict:
             "remat_tensors": plan.remat.choices(), "offload_optimizer": plan.offload_optimizer,
             "offload_params": plan.offload_params, "slices": plan.slices,
             # Megatron-Core's flags, when set
-            **{f: True for f in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16) if getattr(plan, f)},
+            **{f: True for f in MEGATRON_SWITCHES if getattr(plan, f)},
             **({"recompute_num_layers": plan.recompute_num_layers} if plan.recompute_num_layers else {}),
             **({"cpu_offload_layers": plan.cpu_offload_layers} if plan.cpu_offload_layers else {})}
 

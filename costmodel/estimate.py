@@ -31,6 +31,7 @@ from costmodel.memory import (
     StepShape,
     memory_terms,
     param_counts_per_chip,
+    state_convention,
     step_shape,
     weight_shard_degrees,
 )
@@ -590,7 +591,7 @@ def host_transfers(c: Step, st: StageTimes, mem: MemoryTerms) -> list[Collective
         if c.job.fw.cpu_optimizer_step:
             nbytes = mem.optimizer_param_elems * (mem.grad_bytes + BF16)
         else:
-            nbytes = 2 * mem.optimizer_param_elems * c.job.fw.state_bytes(c.job.weight_dtype).optimizer
+            nbytes = 2 * mem.optimizer_param_elems * state_convention(c.job, plan).optimizer
         t = nbytes / chip.host_link_Bps
         out.append(_coll(Role.OPTIMIZER_OFFLOAD, "host", "d2h/h2d", "optimizer", 1, nbytes, t, t, "host"))
     if plan.offload_params:

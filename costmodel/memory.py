@@ -30,10 +30,11 @@ from hardware.chip import Chip
 BF16 = 2
 
 
-def state_convention(job: Job) -> StateBytes:
+def state_convention(job: Job, plan: Plan | None = None) -> StateBytes:
     """(weight, gradient, optimizer bytes per parameter, Adam update HBM bytes per parameter) for the job: its
-    framework's layout for its weight_dtype (costmodel.framework)."""
-    return job.fw.state_bytes(job.weight_dtype)
+    framework's layout for its weight_dtype (costmodel.framework), with bf16 main gradients where the plan sets
+    them (Plan.grad_reduce_in_bf16)."""
+    return job.fw.state_bytes(job.weight_dtype, plan is not None and plan.grad_reduce_in_bf16)
 
 
 def routed_buffer_factor(m: ModelSpec, job: Job, plan: Plan) -> float:
@@ -444,7 +445,7 @@ def state_terms(m: ModelSpec, job: Job, plan: Plan, s: StepShape) -> StateTerms:
     only where the CPU updates it (Framework.cpu_optimizer_step); MaxText's optimizer_memory_host_offload brings it
     back for the update on the device, which saves no device memory (docs/memory.md, 'Optimizer host offload')."""
     fw = s.fw
-    layout = job.fw.state_bytes(job.weight_dtype, plan.grad_reduce_in_bf16)  # state_convention, bf16 main grads if set
+    layout = state_convention(job, plan)
     w_b, g_b, o_b, _ = layout
     # MaxText differentiates the bf16 compute copy of the weights: XLA reduces that bf16 gradient and converts it
     # to fp32 afterwards (the TPU compile's reduce-scatters carry 2 B per parameter; planner validate --target).

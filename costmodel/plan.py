@@ -33,6 +33,10 @@ FP8_PARAMS = "fp8_param_gather"
 # grad_reduce_in_fp32=False, Apex distributed_fused_adam's grad_sync_dtype bf16): the main-gradient buffer and its
 # reduce-scatter / all-reduce in bf16 instead of fp32 (costmodel.framework.bf16_grad_layout; docs/grad_reduce_bf16.md)
 GRAD_BF16 = "grad_reduce_in_bf16"
+# Megatron-Core's on/off options: Plan fields of these names, written and read under them everywhere (plan files,
+# JSON, the CLI), and its layer counts (0: off), with what 0 means
+MEGATRON_SWITCHES = (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16)
+MEGATRON_COUNTS = {RECOMPUTE_LAYERS: "0: every layer", CPU_OFFLOAD_LAYERS: "0: off"}
 # Innermost (fastest interconnect) to outermost: tensor innermost; data and pipeline outermost.
 AXIS_ORDER_INNER_TO_OUTER = ("tp", "cp", "ep", "fsdp", "pp", "dp")
 
@@ -182,14 +186,11 @@ class Plan:
                 raise InputError(f"plan field {name!r}: expected a positive integer, got {v!r}")
         if self.zero not in (0, 1, 2, 3):
             raise InputError(f"plan field 'zero': expected 0, 1, 2 or 3, got {self.zero!r}")
-        n = self.recompute_num_layers
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise InputError(f"plan field {RECOMPUTE_LAYERS!r}: expected a non-negative integer (0: every layer), "
-                             f"got {n!r}")
-        n = self.cpu_offload_layers
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise InputError(f"plan field {CPU_OFFLOAD_LAYERS!r}: expected a non-negative integer (0: off), got {n!r}")
-        for name in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16):
+        for name, zero in MEGATRON_COUNTS.items():
+            n = getattr(self, name)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise InputError(f"plan field {name!r}: expected a non-negative integer ({zero}), got {n!r}")
+        for name in MEGATRON_SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"plan field {name!r}: expected true or false, got {getattr(self, name)!r}")
 

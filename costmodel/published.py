@@ -53,10 +53,10 @@ MAX_TABLE_ROWS = 5_000  # ~5 s of estimates (1 ms a row); runs_dev.csv has 248 r
 PIPELINE_SPLIT = {"": (), "embedding": SPLIT_FLAGS[:1], "loss": SPLIT_FLAGS[1:], "embedding+loss": SPLIT_FLAGS}
 # Optional column fp8_param_gather: true where the run kept its GEMM weights in fp8 (Megatron-LM --fp8-param-gather,
 # NeMo fp8_params; NVIDIA's MLPerf FP8_PARAMS=True) -> Plan.fp8_param_gather (RUNS_SCHEMA.md; blank or no column: off).
-FP8_PARAMS_VALUES = {"": False, "false": False, "true": True}
+BOOL_VALUES = {"": False, "false": False, "true": True}
 # Optional column grad_reduce_in_bf16: true where the run kept and reduced its main gradients in bf16 (Megatron-LM
 # --grad-reduce-in-bf16, NeMo grad_reduce_in_fp32=False, Apex distributed_fused_adam grad_sync_dtype bf16)
-# -> Plan.grad_reduce_in_bf16 (RUNS_SCHEMA.md; blank or no column: off, fp32 gradients). Same values as above.
+# -> Plan.grad_reduce_in_bf16 (RUNS_SCHEMA.md; blank or no column: off, fp32 gradients). Values: BOOL_VALUES.
 GRAD_BF16_COLUMN = "grad_reduce_in_bf16"
 REQUIRED = ("id", "measured_step_time_s", "chips", "n_layers", "d_model", "n_heads", "ffn_dim", "vocab_size",
             "seq_len", "hardware", "tp", "pp", "cp", "ep", "dp", "fsdp", "global_batch")
@@ -147,21 +147,12 @@ def _pipeline_split(row: dict[str, str]) -> dict[str, bool]:
     return dict.fromkeys(PIPELINE_SPLIT[v], True)
 
 
-def _fp8_params(row: dict[str, str]) -> bool:
-    """The optional `fp8_param_gather` column: whether the run kept its GEMM weights in fp8 (Plan.fp8_param_gather)."""
-    v = (row.get("fp8_param_gather") or "").strip().lower()
-    if v not in FP8_PARAMS_VALUES:
-        raise InputError(f"fp8_param_gather: expected empty, true or false, got {excerpt(v)}")
-    return FP8_PARAMS_VALUES[v]
-
-
-def _grad_bf16(row: dict[str, str]) -> bool:
-    """The optional `grad_reduce_in_bf16` column: whether the run's main gradients were bf16
-    (Plan.grad_reduce_in_bf16)."""
-    v = (row.get(GRAD_BF16_COLUMN) or "").strip().lower()
-    if v not in FP8_PARAMS_VALUES:
-        raise InputError(f"{GRAD_BF16_COLUMN}: expected empty, true or false, got {excerpt(v)}")
-    return FP8_PARAMS_VALUES[v]
+def _bool_column(row: dict[str, str], name: str) -> bool:
+    """An optional true/false column (blank or no column: false)."""
+    v = (row.get(name) or "").strip().lower()
+    if v not in BOOL_VALUES:
+        raise InputError(f"{name}: expected empty, true or false, got {excerpt(v)}")
+    return BOOL_VALUES[v]
 
 
 def _remat(row: dict[str, str]) -> str:
@@ -177,18 +168,15 @@ def _remat(row: dict[str, str]) -> str:
 
 def _check_megatron_columns(row: dict[str, str], model: ModelSpec, job: Job, plan: Plan) -> None:
     """The Megatron-Core columns only where Megatron accepts them; InputError naming the column otherwise."""
-    try:
-        check_split_flags(model, job, plan)  # the flags only where Megatron-Core accepts them (framework, pp, split)
-    except InputError as e:
-        raise InputError(f"pipeline_split {excerpt(row['pipeline_split'].strip())}: {e}") from None
-    try:
-        check_fp8_params(job, plan)  # only where Megatron accepts it (framework, fp8, distributed optimizer)
-    except InputError as e:
-        raise InputError(f"fp8_param_gather: {e}") from None
-    try:
-        check_grad_bf16(job, plan)  # only where Megatron runs it (framework, bf16 parameters, no FSDP)
-    except InputError as e:
-        raise InputError(f"{GRAD_BF16_COLUMN}: {e}") from None
+    split = f"pipeline_split {excerpt((row.get('pipeline_split') or '').strip())}"
+    checks = ((split, check_split_flags, (model, job, plan)),  # framework, pp, Megatron-Core's split checks
+              ("fp8_param_gather", check_fp8_params, (job, plan)),  # framework, fp8, distributed optimizer
+              (GRAD_BF16_COLUMN, check_grad_bf16, (job, plan)))  # framework, bf16 parameters, no FSDP
+    for column, check, args in checks:
+        try:
+            check(*args)
+        except InputError as e:
+            raise InputError(f"{column}: {e}") from None
 
 
 def row_to_case(row: dict[str, str]) -> Case:
@@ -239,7 +227,8 @@ def row_to_case(row: dict[str, str]) -> Case:
     sp = deg["tp"] > 1 and not (row.get("source") or "").startswith("narayanan2021")
     plan = Plan(**deg, vpp=_int(row, "vpp", 1) or 1, micro_batch=max(1, micro), zero=zero, sequence_parallel=sp,
                 remat=parse_remat(_remat(row)), slices=_int(row, "slices", 1) or 1, vocab_tiles=_vocab_tiles(row),
-                fp8_param_gather=_fp8_params(row), grad_reduce_in_bf16=_grad_bf16(row),
+                fp8_param_gather=_bool_column(row, "fp8_param_gather"),
+                grad_reduce_in_bf16=_bool_column(row, GRAD_BF16_COLUMN),
                 **_pipeline_split(row))
     _check_megatron_columns(row, model, job, plan)
     measured = _num(row, "measured_step_time_s")

@@ -361,6 +361,8 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
     zeros = ([0, 1] + ([2] if fx.get("zero") == 2 else [])) if dp > 1 else [0]  # ZeRO-2 when pinned
     vpps = [1] + ([v for v in (2, 4, 8, 16, 32) if v <= MAX_VPP] if pp > 1 else [])
     settings = {v: split_settings(m, job, pp, v) for v in vpps}
+    # the job allows fp8 parameters at all (framework, precision): checked once, then per mesh (zero, fsdp)
+    fp8_job = fp8_params_allowed(job, Plan(zero=1))
     for mb in divisors(per_replica):
         if fx.get("micro_batch", mb) != mb:
             continue
@@ -372,7 +374,7 @@ def _meshes(m: ModelSpec, chip: Chip, job: Job, slices: int, fx: dict[str, int],
                 if fx.get("zero", zero) != zero:
                     continue
                 mesh = Mesh(dp, fsdp, tp, cp, pp, ep, vpp, mb, zero, slices, split)
-                mesh = replace(mesh, fp8_params=fp8_params_allowed(job, mesh.plan()))
+                mesh = replace(mesh, fp8_params=fp8_job and fp8_params_allowed(job, mesh.plan()))
                 try:  # the cost model's own rules, framework rules included (e.g. MaxText: zero 1 needs fsdp = 1)
                     check_plan(m, chip, job, mesh.plan())
                 except InputError:

@@ -25,6 +25,8 @@ from costmodel.plan import (
     EP_OVERLAP,
     FP8_PARAMS,
     GRAD_BF16,
+    MEGATRON_COUNTS,
+    MEGATRON_SWITCHES,
     RECOMPUTE_LAYERS,
     REMAT_POLICIES,
     SPLIT_FLAGS,
@@ -235,14 +237,12 @@ def _plan_from(data: dict, where: str) -> Plan:
         if isinstance(z, bool) or z not in (0, 1, 2, 3):
             raise _err(where, "plan.zero", "0, 1, 2 or 3", z)
         kw["zero"] = z
-    for f in ("sequence_parallel", "offload_optimizer", "offload_params", *SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS,
-              GRAD_BF16):
+    for f in ("sequence_parallel", "offload_optimizer", "offload_params", *MEGATRON_SWITCHES):
         if f in data:
             kw[f] = _bool(data[f], where, f"plan.{f}")
-    if RECOMPUTE_LAYERS in data:  # Megatron-Core's block recompute; 0: every layer follows the remat policy
-        kw[RECOMPUTE_LAYERS] = _int(data[RECOMPUTE_LAYERS], where, f"plan.{RECOMPUTE_LAYERS}", minimum=0)
-    if CPU_OFFLOAD_LAYERS in data:  # Megatron-Core's layer CPU offload; 0: off
-        kw[CPU_OFFLOAD_LAYERS] = _int(data[CPU_OFFLOAD_LAYERS], where, f"plan.{CPU_OFFLOAD_LAYERS}", minimum=0)
+    for f in MEGATRON_COUNTS:  # block recompute, layer CPU offload; 0: off
+        if f in data:
+            kw[f] = _int(data[f], where, f"plan.{f}", minimum=0)
     if "remat" in data:
         kw["remat"] = _remat_from(data["remat"], where)
     try:
@@ -404,11 +404,8 @@ def plan_dict(plan: Plan, chip: Chip | None) -> dict:
     if plan.vocab_tiles > 1:
         out["vocab_tiles"] = plan.vocab_tiles
     # written only when set (Megatron-Core's)
-    out.update({f: True for f in (*SPLIT_FLAGS, EP_OVERLAP, FP8_PARAMS, GRAD_BF16) if getattr(plan, f)})
-    if plan.recompute_num_layers:  # written only when set (Megatron-Core's block recompute)
-        out[RECOMPUTE_LAYERS] = plan.recompute_num_layers
-    if plan.cpu_offload_layers:  # written only when set (Megatron-Core's layer CPU offload)
-        out[CPU_OFFLOAD_LAYERS] = plan.cpu_offload_layers
+    out.update({f: True for f in MEGATRON_SWITCHES if getattr(plan, f)})
+    out.update({f: getattr(plan, f) for f in MEGATRON_COUNTS if getattr(plan, f)})  # only when set
     return out
 
 

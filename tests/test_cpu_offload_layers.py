@@ -4,13 +4,11 @@ errors with exit 2, the plan file and the export/import round trip."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from costmodel.estimate import estimate
 from costmodel.job import Job
 from costmodel.memory import BF16
@@ -21,6 +19,7 @@ from hardware.errors import InputError
 from planner.export import export_result
 from planner.import_configs import import_megatron
 from planner.planfile import PlanFile, load_plan, planfile_text
+from tests.cli_in_process import planner_in_process as _cli
 
 # 8 layers, d 1024, 8 heads of 128 (no GQA), gated MLP 4096, a small vocabulary
 SMALL = ModelSpec("small", n_layers=8, d_model=1024, n_heads=8, n_kv_heads=8, ffn_dim=4096, vocab_size=256)
@@ -89,15 +88,6 @@ def test_plan_field_refuses_a_negative_count():
         Plan(cpu_offload_layers=-1)
 
 
-def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 BASE = ("estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--chips", "8", "--global-batch", "64",

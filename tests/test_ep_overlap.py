@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from costmodel.cost import Role
 from costmodel.estimate import _stage_times, estimate, step_shape
 from costmodel.job import Job
@@ -20,6 +18,7 @@ from hardware.errors import InputError
 from planner.export import export_result
 from planner.import_configs import import_megatron
 from planner.planfile import PlanFile, load_plan, planfile_text
+from tests.cli_in_process import planner_in_process as _cli
 
 SMALL_MOE = ModelSpec("small-moe", n_layers=8, d_model=2048, n_heads=16, n_kv_heads=4, ffn_dim=5632,
                       vocab_size=32000, n_experts=8, experts_per_token=2, moe_ffn_dim=1408)
@@ -84,16 +83,6 @@ def test_errors_name_the_flag(job, plan, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `planner ARGS` in process."""
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("extra, needle", [

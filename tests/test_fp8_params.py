@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from costmodel.constraints import fp8_params_allowed
 from costmodel.estimate import estimate
 from costmodel.framework import REGISTRY, te_weight_bytes
@@ -22,6 +21,7 @@ from hardware.errors import InputError
 from planner.export import export_result
 from planner.import_configs import import_megatron
 from planner.planfile import PlanFile, load_plan, planfile_text
+from tests.cli_in_process import planner_in_process as _cli
 
 # 8 layers, d 1024, 8 heads of 128 (no GQA), gated MLP 4096, vocabulary 256, untied tables
 SMALL = ModelSpec("small", n_layers=8, d_model=1024, n_heads=8, n_kv_heads=8, ffn_dim=4096, vocab_size=256)
@@ -97,15 +97,6 @@ def test_plan_field_refuses_a_non_bool():
         Plan(fp8_param_gather="yes")
 
 
-def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 BASE = ("estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--chips", "8", "--global-batch", "64",
@@ -189,7 +180,6 @@ def test_suggest_turns_it_on_where_allowed():
 
 def test_suggest_table_marks_fp8_params():
     import subprocess
-    import sys
     from pathlib import Path
 
     planner = str(Path(sys.executable).parent / "planner")

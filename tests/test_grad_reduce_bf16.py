@@ -4,12 +4,10 @@ round trip, MaxText's drop, the runs column, and suggest never choosing it (docs
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from costmodel.estimate import estimate
 from costmodel.framework import MIXED_STATE, REGISTRY, bf16_grad_layout
 from costmodel.job import Job
@@ -22,6 +20,7 @@ from hardware.errors import InputError
 from planner.export import export_result
 from planner.import_configs import import_megatron
 from planner.planfile import PlanFile, load_plan, planfile_text
+from tests.cli_in_process import planner_in_process as _cli
 
 # 8 layers, d 1024, 8 heads of 128 (no GQA), gated MLP 4096, vocabulary 256, untied tables: per layer attention
 # 4 x 1024^2 + MLP 3 x 1024 x 4096 + norms 2 x 1024 = 16,779,264; 8 layers + 2 x 256 x 1024 tables = 134,758,400
@@ -98,15 +97,6 @@ def test_plan_field_refuses_a_non_bool():
         Plan(grad_reduce_in_bf16="yes")
 
 
-def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 BASE = ("estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--chips", "8", "--global-batch", "64",

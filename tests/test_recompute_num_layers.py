@@ -4,12 +4,10 @@ layer of a chunk are remat full), its errors, the plan file, the exports and the
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from costmodel.estimate import estimate
 from costmodel.job import Job
 from costmodel.memory import BF16
@@ -23,6 +21,7 @@ from planner.import_configs import import_megatron
 from planner.planfile import PlanFile, load_plan, planfile_text
 from planner.remat import Choice, block_recompute, brute_force, evaluate
 from planner.solve import with_headroom
+from tests.cli_in_process import planner_in_process as _cli
 
 # 8 layers, d 1024, 8 heads of 128 (no GQA), gated MLP 4096, a small vocabulary (so the first stage's checkpoints,
 # not the last stage's logits, are the peak)
@@ -98,16 +97,6 @@ def test_plan_field_refuses_a_negative_count():
         Plan(recompute_num_layers=-1)
 
 
-def _cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `planner ARGS` in process."""
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 BASE = ("estimate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--chips", "8", "--global-batch", "64",
