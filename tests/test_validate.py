@@ -32,19 +32,24 @@ def _env() -> dict[str, str]:
 
 
 def test_flash_memory_adjustment():
-    """The validator's attention score blocks added to the CPU memory prediction: FLASH_SCORE_BLOCKS fp32 blocks of
-    micro-batch x heads/tp x query block x key block (blocks of seq/4; a cp shard's queries in one block here)."""
+    """The validator's attention score blocks added to the CPU memory prediction: 6 fp32 blocks of micro-batch x
+    heads/tp x query block x key block (blocks of seq/4; a cp shard's queries in one block here), 7 where the
+    policy recomputes the context among kept tensors (selective, minimal: the peak in the recomputed forward)."""
     code = (
         "from costmodel.catalog import load_model\n"
         "from costmodel.plan import Plan\n"
         "from planner.validate.compare import FLASH_SCORE_BLOCKS, flash_memory_adjustment\n"
         "from planner.validate.scale import Scale, scale_down\n"
-        "for deg, bq in ((dict(dp=2, tp=4), 128), (dict(dp=2, cp=4), 128), (dict(dp=8), 128)):\n"
-        "    plan = Plan(**deg)\n"
+        "from costmodel.plan import remat_policy\n"
+        "cases = ((dict(dp=2, tp=4), 'full', 6), (dict(dp=2, cp=4), 'none', 6), (dict(dp=8), 'selective', 7),\n"
+        "         (dict(dp=8), 'minimal', 7))\n"
+        "assert FLASH_SCORE_BLOCKS == 6\n"
+        "for deg, policy, blocks in cases:\n"
+        "    plan = Plan(**deg, remat=remat_policy(policy))\n"
         "    m, job, _ = scale_down(load_model('llama3-8b'), plan, Scale(seq_len=512))\n"
         "    got = flash_memory_adjustment(m, job, plan, job.seq_len // 4)\n"
-        "    want = FLASH_SCORE_BLOCKS * plan.micro_batch * m.n_heads // plan.tp * bq * 128 * 4\n"
-        "    assert got == want, (deg, got, want)\n"
+        "    want = blocks * plan.micro_batch * m.n_heads // plan.tp * 128 * 128 * 4\n"
+        "    assert got == want, (deg, policy, got, want)\n"
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -127,17 +127,29 @@ def flash_flops_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int = 512)
 # plans at 12 shapes outside the random set: dp8 none/full/selective d128-256 s512-1024, tp2/tp4 with and without
 # sequence parallelism, dp2-fsdp2-tp2 d256 s1024; docs/validator_random_shapes.md, "Score blocks at the peak").
 FLASH_SCORE_BLOCKS = 6
+# Under a policy that recomputes the attention but keeps other tensors (selective, minimal) the peak falls in the
+# attention's recomputed forward instead: 4 probability blocks (rematted_computation/exp) and 3 dot outputs (live
+# ranges at dp8-selective d128 s512 and d256 s1024, fsdp8-selective d256 s768, fsdp4-dp2-selective d320 s768, none
+# of them in the random set; docs/validator_random_shapes.md).
+FLASH_SCORE_BLOCKS_SELECTIVE = 7
+
+
+def score_blocks_at_peak(plan: Plan) -> int:
+    """Score-sized blocks live at XLA:CPU's peak: FLASH_SCORE_BLOCKS_SELECTIVE where the context alone is
+    recomputed among kept tensors, else FLASH_SCORE_BLOCKS (the backward's)."""
+    kept = plan.remat.count("device") - (plan.remat.layer_input == "device")
+    return FLASH_SCORE_BLOCKS_SELECTIVE if plan.remat.context == "remat" and kept > 0 else FLASH_SCORE_BLOCKS
 
 
 def flash_memory_adjustment(m: ModelSpec, job: Job, plan: Plan, block: int) -> float:
     """Per-device bytes of the score blocks the validator's blockwise attention (planner.validate.flash) keeps in
     memory at its backward's peak on XLA:CPU, where a flash kernel keeps them on chip and the cost model counts
-    none: FLASH_SCORE_BLOCKS fp32 blocks of micro-batch x (heads / tp) x query block x key block."""
+    none: score_blocks_at_peak fp32 blocks of micro-batch x (heads / tp) x query block x key block."""
     from planner.validate.flash import block_size
 
     sq = job.seq_len // plan.cp  # each cp shard's queries
     score = plan.micro_batch * (m.n_heads // plan.tp) * block_size(sq, block) * block_size(job.seq_len, block) * 4
-    return FLASH_SCORE_BLOCKS * score
+    return score_blocks_at_peak(plan) * score
 
 
 def grouped_matmul_flops_adjustment(m: ModelSpec, job: Job, plan: Plan) -> float:
