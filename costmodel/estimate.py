@@ -9,7 +9,7 @@ data axes and updates the optimizer. Time = compute + recompute + memory-bound o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.constraints import check_plan
 from costmodel.cost import Collective, Cost, Role
@@ -22,6 +22,7 @@ from costmodel.flops import (
     logits_op,
     loss_vector_flops,
     model_flops_per_token,
+    score_accesses,
     tp_replicated_flops_per_token,
 )
 from costmodel.framework import NEXT_FORWARD, SPMD, WITH_GRADS
@@ -128,6 +129,14 @@ def rerun_once_ops(ops: list[Op], plan: Plan, job: Job) -> list[Op]:
     return [op for op in ops if op.name == "mla_down"]
 
 
+def rerun_scores(ops: list[Op], plan: Plan, job: Job) -> list[Op]:
+    """Dot-product attention under a policy that recomputes anything but keeps the context: the scores are no
+    checkpoint, so the backward reruns Q K^T (half of the attention op) to rebuild P (flops.score_accesses)."""
+    if job.attention == "flash" or not plan.remat.count("remat") or plan.remat.context == "remat":
+        return []
+    return [replace(op, name="scores", flops=op.flops / 2) for op in ops if op.name == "attention"]
+
+
 def elementwise_bytes_per_token(m: ModelSpec, plan: Plan, moe: bool) -> float:
     """HBM bytes of the memory-bound ops of one layer, forward, per token on one chip.
 
@@ -196,7 +205,7 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
         if count == 0:
             continue
         n = kinds[moe]  # layers of this kind on the stage (fractional: the model's average mix)
-        ops = layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe)
+        ops = layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe, job.attention)
         t_ops = [op_time(op, chip, peak) for op in ops]
         # Backward: 2x forward for matmuls; flash attention backward recomputes the scores: 2.5x forward.
         fwd += n * sum(t_ops)
@@ -204,7 +213,7 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
         attn += n * sum(t for op, t in zip(ops, t_ops, strict=True) if op.is_attention)
         once = rerun_once_ops(ops, plan, job)
         rec_once += n * share * sum(op_time(op, chip, peak) for op in once)
-        re_ops = recomputed_ops(ops, plan, job) + once
+        re_ops = recomputed_ops(ops, plan, job) + once + rerun_scores(ops, plan, job)
         rec += n * share * sum(op_time(op, chip, peak) for op in re_ops)  # only the recomputed layers rerun
         flops += n * sum(op.flops for op in ops)
         rflops += n * share * sum(op.flops for op in re_ops)
@@ -212,6 +221,9 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
         # the recomputed share of the layers).
         passes = 3.0 + (share if re_ops else 0.0)
         elem += n * passes * tokens * elementwise_bytes_per_token(m, plan, moe) / (chip.hbm_bw_Bps * chip.eff.hbm)
+        # Dot-product attention's s x s scores in HBM (flops.score_accesses), bf16, per query and head on the chip
+        scores = m.n_heads / plan.tp * job.seq_len * score_accesses(job.attention, share if re_ops else 0.0)
+        elem += n * tokens * scores * BF16 / (chip.hbm_bw_Bps * chip.eff.hbm)
     lg = logits_op(m, tokens, plan.tp)  # on the last stage
     # MaxText computes the logits outside its pipeline with the batch split over the stages: M / pp micro-batches
     # of them on every chip, i.e. 1 / pp per micro-step.

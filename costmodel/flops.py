@@ -24,10 +24,12 @@ class Op:
     is_attention: bool = False
 
 
-def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: bool) -> list[Op]:
+def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: bool,
+              attention: str = "flash") -> list[Op]:
     """Forward ops of one layer on one chip processing `tokens` tokens (already divided by cp).
 
     Weights are split `tp` ways (heads and MLP columns); attention keys span the whole sequence (`seq_len`).
+    attention 'dot_product' (Job.attention): the scores are two plain batched matmuls over every query-key pair.
     """
     d = m.d_model
     out: list[Op] = []
@@ -49,8 +51,12 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
                   "qkv_proj"))
     # Scores Q K^T (2*width per query-key pair) and context P V (2*v_width per pair); causal masking (and any
     # sliding window) sets the pairs per query: s/2 for full causal attention (ModelSpec.mean_attended_keys).
-    attn = 2 * tokens * m.mean_attended_keys(seq_len) * (qk_width + v_width) / tp
-    out.append(Op("attention", attn, m.head_dim, "context", is_attention=True))
+    # Dot-product attention computes the whole s x s square before masking (Dao et al. 2022, FlashAttention,
+    # Algorithm 0) as plain matmuls, at the matmul efficiency, not the fused kernel's.
+    flash = attention == "flash"
+    keys = m.mean_attended_keys(seq_len) if flash else seq_len
+    attn = 2 * tokens * keys * (qk_width + v_width) / tp
+    out.append(Op("attention", attn, m.head_dim, "context", is_attention=flash))
     out.append(Op("out_proj", 2 * tokens * v_width * d / tp, min(d, v_width / tp, tokens), "out_proj"))
     if moe:
         out.append(Op("router", 2 * tokens * d * m.n_experts, min(d, m.n_experts, tokens), ""))
@@ -62,6 +68,20 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
     out.append(Op("mlp_in", 2 * tokens * width * d * n_in * ffn / tp, min(d, ffn / tp, tokens), "mlp_in"))
     out.append(Op("mlp_out", 2 * tokens * width * ffn * d / tp, min(d, ffn / tp, tokens), "mlp_out"))
     return out
+
+
+# HBM accesses of each s x s score element (per query, key and head) by dot-product attention, in bf16: the forward
+# writes S, reads it, writes P and reads it (4; Dao et al. 2022, FlashAttention, arXiv:2205.14135, Algorithm 0);
+# the backward writes dP, reads P for dV, reads P and dP and writes dS, reads dS for dQ and for dK (7; Algorithm 3).
+# The scores are no checkpoint, so a layer that recomputes anything reruns the forward's 4. Flash attention: none.
+SCORE_FWD_ACCESSES, SCORE_BWD_ACCESSES = 4, 7
+
+
+def score_accesses(attention: str, recomputed: float) -> float:
+    """HBM accesses per score element per step of one layer (recomputed: the share of layers that rerun)."""
+    if attention == "flash":
+        return 0.0
+    return SCORE_FWD_ACCESSES * (1 + recomputed) + SCORE_BWD_ACCESSES
 
 
 # The ops a low-precision (fp8 / int8) run quantizes: the linear layers' GEMMs only. Attention and the logits stay

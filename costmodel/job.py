@@ -11,6 +11,10 @@ MAX_TOKENS_PER_STEP = 2**40  # a sanity bound (published runs step ~4M-60M token
 PRECISIONS = ("bf16", "fp16", "fp8", "int8")
 FRAMEWORKS = tuple(REGISTRY)  # costmodel.framework: one record each
 WEIGHT_DTYPES = ("float32", "bfloat16")
+# The attention kernel: fused flash attention (every framework's default: MaxText 'autoselected' on TPU, Megatron's
+# TE/flash) or plain dot-product attention that writes the s x s scores to HBM (MaxText attention=dot_product,
+# AXLearn's MultiheadAttention without the -flash variant): costmodel.flops.score_accesses.
+ATTENTION_KERNELS = ("flash", "dot_product")
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class Job:
     weight_dtype "bfloat16" (MaxText's `weight_dtype`) stores the weights and both Adam moments in bf16, where
     the framework has that setting. scan_layers is MaxText's `scan_layers` (default true): the layers run under
     one lax.scan, whose backward loop keeps extra buffers (costmodel.memory.xla_loop_extra_bytes); false unrolls
-    them (read only where Framework.scanned_layers).
+    them (read only where Framework.scanned_layers). attention: the kernel (ATTENTION_KERNELS).
     """
 
     seq_len: int
@@ -30,6 +34,7 @@ class Job:
     framework: str = "maxtext"
     weight_dtype: str = "float32"
     scan_layers: bool = True
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0:
@@ -45,6 +50,8 @@ class Job:
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise InputError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.weight_dtype!r}")
         fw.state_bytes(self.weight_dtype)  # raises where the framework has no such layout
+        if self.attention not in ATTENTION_KERNELS:
+            raise InputError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {self.attention!r}")
 
     @property
     def fw(self) -> Framework:

@@ -366,8 +366,18 @@ def layer_activation_bytes(m: ModelSpec, job: Job, plan: Plan, tokens: float, ki
         # worst-case size: five bf16[32768, 14336] operands in the Mixtral ep 4 buffer assignment (docs/memory.md,
         # "Expert parallelism"). Not counted for capacity-based routing (buffer 1).
         grouped = el["mlp_in"] + mlp_act_elems(m, plan, moe, buf) if buf > 1 else 0.0
-        working = max(working, (sum(el.values()) + extra + grouped) * tokens * BF16)
+        scores = score_elems_per_token(m, job, plan)
+        if plan.remat.count("remat") == 0:
+            saved += frac * scores * tokens * BF16  # the probabilities P, which the backward reads
+        # the attention backward holds P, dP and dS at once (FlashAttention's Algorithm 3, step 3)
+        working = max(working, (sum(el.values()) + extra + grouped + 3 * scores) * tokens * BF16)
     return saved, offl, working
+
+
+def score_elems_per_token(m: ModelSpec, job: Job, plan: Plan) -> float:
+    """bf16 elements per token on one chip of one s x s score tensor of dot-product attention (Job.attention):
+    a row of seq_len keys per head; 0 under flash attention, which keeps its blocks on chip."""
+    return 0.0 if job.attention == "flash" else m.n_heads / plan.tp * job.seq_len
 
 
 @dataclass(frozen=True)

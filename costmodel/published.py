@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel.constraints import check_fp8_params, check_grad_bf16, check_split_flags
-from costmodel.job import Job
+from costmodel.job import ATTENTION_KERNELS, Job
 from costmodel.model import ModelSpec
 from costmodel.plan import SPLIT_FLAGS, Plan, parse_remat
 from hardware.catalog import load_hardware, preset_names
@@ -138,6 +138,14 @@ def _weight_dtype(row: dict[str, str], framework: str) -> str:
     return "bfloat16" if hit and record(framework).bf16_state is not None else "float32"
 
 
+def _attention(row: dict[str, str]) -> str:
+    """The optional `attention` column (Job.attention): blank or no column is flash."""
+    v = (row.get("attention") or "").strip() or "flash"
+    if v not in ATTENTION_KERNELS:
+        raise InputError(f"attention: expected one of {', '.join(ATTENTION_KERNELS)} or blank, got {excerpt(v)}")
+    return v
+
+
 def _pipeline_split(row: dict[str, str]) -> dict[str, bool]:
     """The Plan flags of the optional `pipeline_split` column: which of Megatron-Core's
     account_for_embedding/loss_in_pipeline_split the run set (NVIDIA's MLPerf ASYM_PP_EMBED / ASYM_PP_LOSS)."""
@@ -208,7 +216,7 @@ def row_to_case(row: dict[str, str]) -> Case:
         capacity_factor=_capacity_factor(row) if n_exp else 0.0, **_sliding_window(row))
     precision = {"fp16": "bf16"}.get(row.get("precision") or "bf16", row.get("precision") or "bf16")
     job = Job(seq_len=_count(row, "seq_len"), global_batch=_count(row, "global_batch"), precision=precision,
-              framework=convention, weight_dtype=_weight_dtype(row, convention))
+              framework=convention, weight_dtype=_weight_dtype(row, convention), attention=_attention(row))
     deg = {a: _count(row, a, 1) for a in ("dp", "fsdp", "tp", "cp", "pp", "ep")}
     chips = _count(row, "chips")
     if chips != math.prod(deg.values()):

@@ -163,7 +163,7 @@ def compute_by_group(m: ModelSpec, chip: Chip, job: Job, plan: Plan, accum: int)
         if count == 0:
             continue
         n = st.kinds[moe]
-        for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe):
+        for op in layer_ops(m, tokens, job.seq_len, plan.tp, plan.cp, moe, job.attention):
             t = op_time(op, chip, peak) * (3.5 if op.is_attention else 3.0)
             g = OP_GROUPS.get(op.name, op.name)
             out[g] = out.get(g, 0.0) + accum * n * t
