@@ -7,7 +7,7 @@ chip family and parameter: the fit on all sources, the bootstrap median and 10-9
 hardware/priors.yaml and the fit's z against it, and flags: on a bound (with the share of draws on it, and why), or
 seen by no row (the fit leaves it where it starts). A family with k sources has only C(2k-1, k) distinct resamples
 (fits are reused); with one source every draw is the same: its range is zero by construction, not a certainty.
---files shipped: runs_dev.csv + maxtext2023-v5p.csv with every row weight 1 (the shipped procedure); all: every
+--files shipped: the shipped procedure's files (holdout.SHIPPED_FILES) with every row weight 1; all: every
 runs CSV of data/runs with sources weighted equally (more sources per family, not what ships).
 Usage: python benchmarks/calibration_uncertainty.py [--files shipped|all] [--priors on|off|both] [--draws N] [--write]
 --write saves benchmarks/calibration_uncertainty_report.txt (without --files: shipped, priors off and on, then all

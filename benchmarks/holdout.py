@@ -3,7 +3,7 @@
 Counts, per chip family, the error of every row of every runs CSV in data/runs/ predicted by fits that never saw
 it: in-sample, leave-source-out, leave-framework-out, leave-scale-out (costmodel.holdout). The fit is
 costmodel.calibrate.fit_sources; --priors on penalizes it towards hardware/priors.yaml; --compare adds the
-shipped overlays' procedure (every row weight 1, fitted on runs_dev.csv + maxtext2023-v5p.csv).
+shipped overlays' procedure (every row weight 1, fitted on SHIPPED_FILES: runs_dev.csv and the XLA sources).
 Usage: python benchmarks/holdout.py [--file F ...] [--priors off|on|both] [--compare] [--write]
 --write saves benchmarks/holdout_report.txt (with --compare, --priors both). About 3 minutes on one core per
 setting of --priors, 1.5 more per setting with --compare.
@@ -29,7 +29,7 @@ from costmodel.published import load_cases  # noqa: E402
 from hardware.errors import InputError  # noqa: E402
 
 RUNS = ROOT / "data" / "runs"
-SHIPPED_FILES = ("runs_dev.csv", "maxtext2023-v5p.csv")  # what the shipped overlays are fitted on
+SHIPPED_FILES = ("runs_dev.csv", "maxtext2023-v5p.csv", "axlearn.csv", "marin-speedrun.csv")  # the shipped fit's
 SHIPPED_PRIORS = True  # the shipped overlays are fitted with priors (their 'priors' key; docs/priors.md)
 LABELS = {"in_sample": "in-sample", "leave_source_out": "leave-source-out",
           "leave_framework_out": "leave-framework-out", "leave_scale_out": "leave-scale-out"}
@@ -167,8 +167,8 @@ def compare_shipped(loaded: list, cases: list) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--file", action="append", default=None, help="runs CSV (repeat); default: data/runs/*.csv")
-    ap.add_argument("--compare", action="store_true", help="also the shipped procedure (runs_dev.csv + "
-                    "maxtext2023-v5p.csv, every row weight 1), priors off and on")
+    ap.add_argument("--compare", action="store_true", help="also the shipped procedure (SHIPPED_FILES, "
+                    "every row weight 1), priors off and on")
     ap.add_argument("--priors", choices=("off", "on", "both"), default=None,
                     help="fits penalized towards hardware/priors.yaml (default off; both with --write)")
     ap.add_argument("--write", action="store_true", help="save benchmarks/holdout_report.txt")

@@ -5,7 +5,7 @@ For every source S of a chip family, the evidence is rebuilt without S (costmode
 fitted rows, their best MFU, the leave-source-out residuals of the other sources) and each row of S gets the interval
 of its leave-source-out prediction (costmodel.interval.step_time_interval). The prediction's MFU is the row's model
 FLOPs over the predicted time; the host-transfer term uses the default efficiencies (rows with offload are few).
-Fitted on runs_dev.csv + maxtext2023-v5p.csv with the shipped procedure (every row weight 1, priors on), every
+Fitted on benchmarks/holdout.py's SHIPPED_FILES with the shipped procedure (every row weight 1, priors on), every
 file of data/runs predicted.
 Usage: python benchmarks/interval_coverage.py [--out benchmarks/interval_coverage_report.txt]
 """
@@ -30,7 +30,8 @@ from costmodel.interval import LEVEL, step_time_interval  # noqa: E402
 from costmodel.published import load_cases  # noqa: E402
 from hardware.chip import Efficiency  # noqa: E402
 
-FIT_FILES = ["runs_dev.csv", "maxtext2023-v5p.csv"]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from holdout import SHIPPED_FILES as FIT_FILES  # noqa: E402  (one home: the shipped procedure's files)
 
 
 def load(files: list[str]) -> list:

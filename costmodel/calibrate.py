@@ -45,7 +45,8 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
 PRIOR_WEIGHT = 0.1
 # With priors: the noise of one row's log(predicted / measured), which scales the data term against the prior term.
 # 0.06 = the root mean square of the log residuals of the calibration fitted without priors on its own rows (254
-# rows of runs_dev.csv + maxtext2023-v5p.csv, every row weight 1; per group 0.025-0.067); docs/priors.md.
+# rows of runs_dev.csv + maxtext2023-v5p.csv, every row weight 1; per group 0.025-0.067; set before the shipped
+# fit took in AXLearn's and Marin's rows, and kept); docs/priors.md.
 RESIDUAL_SD = 0.06
 MAX_ROWS_PER_SOURCE = 40  # rows of one source (on one chip) entering a fit (module docstring)
 # How rows weigh in a fit (calibrate --weighting; module docstring): 'sources' is the default, the one procedure that

@@ -9,8 +9,8 @@ from pathlib import Path
 from tests.test_cli_errors import planner
 
 RUNS = Path(__file__).resolve().parents[1] / "data" / "runs"
-SHIPPED = ("-f", str(RUNS / "runs_dev.csv"), "-f", str(RUNS / "maxtext2023-v5p.csv"), "--weighting", "rows",
-           "--priors", "-H", "tpu-v6e")
+SHIPPED = ("-f", str(RUNS / "runs_dev.csv"), "-f", str(RUNS / "maxtext2023-v5p.csv"), "-f", str(RUNS / "axlearn.csv"),
+           "-f", str(RUNS / "marin-speedrun.csv"), "--weighting", "rows", "--priors", "-H", "tpu-v6e")
 
 
 def test_calibrate_twice_writes_the_same_bytes(tmp_path, capsys, monkeypatch):
