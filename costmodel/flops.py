@@ -8,6 +8,7 @@ Ops carry their per-chip matmul shape after tensor sharding so that efficiency c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from costmodel.model import ModelSpec
@@ -30,7 +31,14 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
 
     Weights are split `tp` ways (heads and MLP columns); attention keys span the whole sequence (`seq_len`).
     attention 'dot_product' (Job.attention): the scores are two plain batched matmuls over every query-key pair.
+    A pure function of its arguments, memoized (a search asks for the same layer thousands of times).
     """
+    return list(_layer_ops(m, tokens, seq_len, tp, cp, moe, attention))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: bool,
+               attention: str) -> tuple[Op, ...]:
     d = m.d_model
     out: list[Op] = []
     if m.is_mla:
@@ -67,7 +75,7 @@ def layer_ops(m: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, moe: 
     n_in = 2 if m.gated_mlp else 1
     out.append(Op("mlp_in", 2 * tokens * width * d * n_in * ffn / tp, min(d, ffn / tp, tokens), "mlp_in"))
     out.append(Op("mlp_out", 2 * tokens * width * ffn * d / tp, min(d, ffn / tp, tokens), "mlp_out"))
-    return out
+    return tuple(out)
 
 
 # HBM accesses of each s x s score element (per query, key and head) by dot-product attention, in bf16: the forward
