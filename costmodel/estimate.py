@@ -32,6 +32,7 @@ from costmodel.memory import (
     StepShape,
     memory_terms,
     param_counts_per_chip,
+    score_elems_per_token,
     state_convention,
     step_shape,
     weight_shard_degrees,
@@ -222,7 +223,7 @@ def _stage_times(m: ModelSpec, chip: Chip, job: Job, plan: Plan, kinds: tuple[fl
         passes = 3.0 + (share if re_ops else 0.0)
         elem += n * passes * tokens * elementwise_bytes_per_token(m, plan, moe) / (chip.hbm_bw_Bps * chip.eff.hbm)
         # Dot-product attention's s x s scores in HBM (flops.score_accesses), bf16, per query and head on the chip
-        scores = m.n_heads / plan.tp * job.seq_len * score_accesses(job.attention, share if re_ops else 0.0)
+        scores = score_elems_per_token(m, job, plan) * score_accesses(job.attention, share if re_ops else 0.0)
         elem += n * tokens * scores * BF16 / (chip.hbm_bw_Bps * chip.eff.hbm)
     lg = logits_op(m, tokens, plan.tp)  # on the last stage
     # MaxText computes the logits outside its pipeline with the batch split over the stages: M / pp micro-batches
